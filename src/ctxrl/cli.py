@@ -1,0 +1,121 @@
+"""The ``ctxrl`` command.
+
+    ctxrl --help
+    ctxrl tiny-model --out runs/tiny
+    ctxrl quickstart
+    ctxrl bench NAME [--json FILE]
+
+Start-up must stay instant: this module imports only the standard library. Each subcommand names the
+function that runs it as ``"module:function"`` and imports it only when called, so torch, transformers
+and vLLM load only in the subcommand that needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+# Benchmarks: name -> ("module:function", one-line help). The function takes the parsed arguments and
+# returns a flat {metric name: number} dict; the CLI prints it as a table and writes it with --json.
+BENCHMARKS: dict[str, tuple[str, str]] = {}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line usage error (exit 2) instead of the multi-line usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _resolve(target: str) -> Callable[..., Any]:
+    module, _, name = target.partition(":")
+    fn: Callable[..., Any] = getattr(importlib.import_module(module), name)
+    return fn
+
+
+def _add_tiny_model(sub: argparse._SubParsersAction[Any]) -> None:
+    p = sub.add_parser("tiny-model", help="build the tiny offline model + tokenizer into a folder")
+    p.add_argument("--out", required=True, type=Path, help="output folder (must be empty unless --force)")
+    p.add_argument("--seed", type=int, default=0, help="seed of corpus, tokenizer and weights (default 0)")
+    p.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    p.set_defaults(run="ctxrl.cli_commands:run_tiny_model")
+
+
+def _add_quickstart(sub: argparse._SubParsersAction[Any]) -> None:
+    p = sub.add_parser(
+        "quickstart", help="the CPU quickstart: everything that exists, end to end, on the tiny model"
+    )
+    p.add_argument(
+        "--out", type=Path, default=Path("runs/quickstart"), help="run folder (default runs/quickstart)"
+    )
+    p.add_argument(
+        "--engine", choices=("vllm", "hf"), default="vllm", help="generation engine (default vllm)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.set_defaults(run="ctxrl.cli_commands:run_quickstart")
+
+
+def _add_bench(sub: argparse._SubParsersAction[Any]) -> None:
+    p = sub.add_parser("bench", help="benchmarks: print a table, optionally write flat JSON")
+    bsub = p.add_subparsers(dest="bench", metavar="NAME", required=True)
+    for name, (target, help_text) in BENCHMARKS.items():
+        b = bsub.add_parser(name, help=help_text)
+        b.add_argument("--json", type=Path, default=None, help="write {metric: number} JSON to this file")
+        b.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run, noisier figures)")
+        b.set_defaults(run="ctxrl.cli:_run_bench", bench_target=target)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="ctxrl", description="Train and evolve LLM agents that manage their own context window."
+    )
+    parser.add_argument("--version", action="version", version=f"ctxrl {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
+    _add_tiny_model(sub)
+    _add_quickstart(sub)
+    if BENCHMARKS:
+        _add_bench(sub)
+    return parser
+
+
+def _version() -> str:
+    from ctxrl import __version__
+
+    return __version__
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    metrics: dict[str, float] = _resolve(args.bench_target)(args)
+    width = max(len(k) for k in metrics)
+    print(f"{'metric':<{width}}  value")
+    for key, value in metrics.items():
+        print(f"{key:<{width}}  {value:.4g}")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({k: float(v) for k, v in metrics.items()}, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script; returns the exit status."""
+    from ctxrl.errors import CtxrlError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return int(_resolve(args.run)(args) or 0)
+    except CtxrlError as exc:
+        print(f"ctxrl {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"ctxrl {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

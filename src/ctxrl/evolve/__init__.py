@@ -1,0 +1,1 @@
+"""Skill evolution: skills and their lineage, proposers, the paired held-out gate, the overnight loop."""

@@ -1,0 +1,1 @@
+"""Success, prefix-reuse cost, the success-gated efficiency advantage, and edit masks."""

@@ -1,0 +1,1 @@
+"""Generation engines, the tiny offline model, rollouts and training."""
