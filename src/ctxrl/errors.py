@@ -30,3 +30,7 @@ class EngineError(CtxrlError):
 
 class SandboxError(CtxrlError):
     """No working command sandbox (bubblewrap or unshare missing or refused); install one or set backend none."""
+
+
+class TaskError(CtxrlError):
+    """A task is invalid or cannot be made: unknown family, seed outside its split, malformed task file."""
