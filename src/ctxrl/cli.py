@@ -22,7 +22,9 @@ from typing import Any, NoReturn
 
 # Benchmarks: name -> ("module:function", one-line help). The function takes the parsed arguments and
 # returns a flat {metric name: number} dict; the CLI prints it as a table and writes it with --json.
-BENCHMARKS: dict[str, tuple[str, str]] = {}
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "harness": ("ctxrl.env.bench:bench_harness", "per-step harness overhead and sandbox overhead"),
+}
 
 
 class _Parser(argparse.ArgumentParser):

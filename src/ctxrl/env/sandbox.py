@@ -331,6 +331,13 @@ class Sandbox:
                     chunk = os.read(fd, _READ_CHUNK)
                     eof = not chunk
                     cap.add(chunk)
+            if eof and not timed_out:
+                # Every writer closed the pipe, so the command is exiting: let it finish on its own
+                # (killing it here would report a clean exit as 137).
+                try:
+                    proc.wait(timeout=max(0.0, deadline - time.perf_counter()))
+                except subprocess.TimeoutExpired:
+                    timed_out = True
             if timed_out or proc.poll() is None:
                 self._kill(proc)
             else:

@@ -1,0 +1,82 @@
+"""Parse a model's generated text into an :class:`~ctxrl.env.harness.Action`.
+
+The tiny model's chat template (and Qwen-style templates) write a tool call as
+
+    <tool_call>{"name": "shell", "arguments": {"command": "ls"}}</tool_call>
+
+Everything outside the tags is the message's prose. Parsing never raises: a call that cannot be read (bad
+JSON, no name, arguments that are not an object, an unclosed tag) becomes a call of the reserved tool
+:data:`FORMAT_ERROR_TOOL` whose ``error`` argument says what is wrong; the harness answers it with a format
+receipt instead of running anything, so the model sees its mistake and the episode goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from ctxrl.env.context import ToolCall
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+FORMAT_ERROR_TOOL = "invalid_tool_call"
+"""Reserved tool name carrying a malformed call; its arguments are ``{"error": ..., "text": ...}``."""
+
+_EOS_MARKERS = ("<|im_end|>", "<|endoftext|>")
+_BLOCK = re.compile(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|$)", re.DOTALL)
+
+
+def _format_error(error: str, text: str) -> ToolCall:
+    return ToolCall.make("", FORMAT_ERROR_TOOL, {"error": error, "text": text[:200]})
+
+
+def _parse_call(body: str, closed: bool) -> ToolCall:
+    if not closed:
+        return _format_error(f"unclosed {OPEN}: end the call with {CLOSE}", body)
+    try:
+        value: Any = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        return _format_error(f"the call is not valid JSON ({exc})", body)
+    if not isinstance(value, dict):
+        return _format_error('the call must be a JSON object {"name": ..., "arguments": {...}}', body)
+    name = value.get("name")
+    if not isinstance(name, str) or not name:
+        return _format_error('the call has no "name" string', body)
+    arguments = value.get("arguments", {})
+    if isinstance(arguments, str):  # some templates double-encode arguments
+        try:
+            arguments = json.loads(arguments)
+        except (ValueError, RecursionError):
+            return _format_error('"arguments" is a string that is not a JSON object', body)
+    if not isinstance(arguments, dict):
+        return _format_error('"arguments" must be a JSON object', body)
+    return ToolCall.make(str(value.get("id") or ""), name, arguments)
+
+
+def parse_tool_calls(text: str) -> tuple[str, tuple[ToolCall, ...]]:
+    """Split generated ``text`` into (prose, tool calls in order). Never raises.
+
+    End-of-turn markers the engine may have kept are dropped. Malformed calls come back as
+    :data:`FORMAT_ERROR_TOOL` calls.
+
+    >>> prose, calls = parse_tool_calls('ok <tool_call>{"name": "shell", "arguments": {"command": "ls"}}</tool_call>')
+    >>> prose, calls[0].name, calls[0].args()
+    ('ok', 'shell', {'command': 'ls'})
+    >>> parse_tool_calls("<tool_call>{oops</tool_call>")[1][0].name
+    'invalid_tool_call'
+    """
+    for marker in _EOS_MARKERS:
+        text = text.replace(marker, "")
+    calls: list[ToolCall] = []
+    prose: list[str] = []
+    pos = 0
+    for match in _BLOCK.finditer(text):
+        prose.append(text[pos : match.start()])
+        closed = match.group(0).endswith(CLOSE)
+        calls.append(_parse_call(match.group(1).strip(), closed))
+        pos = match.end()
+    prose.append(text[pos:])
+    stray_close = "".join(prose).count(CLOSE)
+    if stray_close:
+        calls.append(_format_error(f"{CLOSE} without a matching {OPEN}", text))
+    return "".join(prose).replace(CLOSE, "").strip(), tuple(calls)

@@ -1,0 +1,164 @@
+"""The edit gate and receipts: every kind with its exact text, pure and through real file edits."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from ctxrl.env.context import ToolCall
+from ctxrl.env.harness import Action, Harness, StepResult
+from ctxrl.env.receipts import ReceiptKind, gate_allows, judge_file_edit
+
+
+def shell(command: str) -> Action:
+    return Action("", (ToolCall.make("", "shell", {"command": command}),))
+
+
+def _judge(**kw: object) -> tuple[ReceiptKind, str] | None:
+    args: dict[str, object] = dict(
+        gate="fit", file="context.md", limit=1000, before=500, after=None, targeted=True,
+        file_changed=False, context_changed=False, exit_code=0,
+    )  # fmt: skip
+    args.update(kw)
+    r = judge_file_edit(**args)  # type: ignore[arg-type]
+    return None if r is None else (r.kind, r.text)
+
+
+def test_gate_rules() -> None:
+    assert gate_allows("fit", 500, 400, 1000) and gate_allows("shrink", 500, 400, 1000)
+    assert gate_allows("fit", 500, 1000, 1000) and not gate_allows("fit", 500, 1001, 1000)
+    assert not gate_allows("shrink", 500, 501, 1000) and gate_allows("shrink", 500, 500, 1000)
+
+
+def test_each_receipt_kind_exact_text() -> None:
+    changed = dict(file_changed=True, context_changed=True)
+    assert _judge(**changed, after=300) == (ReceiptKind.APPLIED, "[context] applied: 500 → 300 tokens")
+    assert _judge(**changed, after=600) == (
+        ReceiptKind.GREW,
+        "[context] applied but grew: 500 → 600 tokens (+100)",
+    )
+    assert _judge(**changed, after=1200) == (
+        ReceiptKind.REJECTED,
+        "[context] rejected by rule fit: 500 → 1200 tokens would pass the limit of 1000; "
+        "context.md restored, context unchanged",
+    )
+    assert _judge(**changed, after=600, gate="shrink") == (
+        ReceiptKind.REJECTED,
+        "[context] rejected by rule shrink: the edit grew the context 500 → 600 tokens; "
+        "context.md restored, context unchanged",
+    )
+    assert _judge(**changed, after=300, exit_code=2) == (
+        ReceiptKind.FAILED,
+        "[context] failed: the command exited 2; context.md restored, context unchanged (500 tokens)",
+    )
+    assert _judge(exit_code=1) == (
+        ReceiptKind.FAILED,
+        "[context] failed: the command exited 1; context.md restored, context unchanged (500 tokens)",
+    )
+    assert _judge(file_changed=True, file_problem="is missing", targeted=False) == (
+        ReceiptKind.FAILED,
+        "[context] failed: context.md is missing; context.md restored, context unchanged (500 tokens)",
+    )
+    assert _judge() == (
+        ReceiptKind.MATCHED_NOTHING,
+        "[context] matched nothing: context.md unchanged (500 tokens)",
+    )
+    assert _judge(file_changed=True, targeted=False) == (
+        ReceiptKind.MATCHED_NOTHING,
+        "[context] matched nothing: context.md unchanged (500 tokens)",
+    )
+    assert _judge(targeted=False) is None
+
+
+# --- the same kinds through the harness, with real commands on the real file ---------------------------
+
+DROP_FIRST_TOOL = (
+    "python3 -c \"import re; p='context.md'; s=open(p).read(); "
+    "b=re.split(r'(?m)^(?=\\[\\[CTX_TURN)', s); i=[k for k,x in enumerate(b) if 'role=tool' in x.split(chr(10))[0]][0]; "
+    "b[i]=b[i].split(chr(10))[0]+chr(10)+'summary: 40 lines, key=42'+chr(10); open(p,'w').write(''.join(b))\""
+)
+
+
+def _warm(h: Harness) -> None:
+    h.step(shell("seq 1 40"))
+
+
+def _only_receipt(r: StepResult) -> str:
+    assert len(r.receipts) == 1, r.receipts
+    assert r.receipts[0].text in r.observations[0]
+    return r.receipts[0].text
+
+
+def test_applied_through_the_file(make_harness: Callable[..., Harness]) -> None:
+    h = make_harness(budget=4000, reserve=500, rollback_margin=300)
+    _warm(h)
+    before = h.context.tokens
+    r = h.step(shell(DROP_FIRST_TOOL))
+    after = r.receipts[0].after
+    assert _only_receipt(r) == f"[context] applied: {before} → {after} tokens"
+    assert after < before and "summary: 40 lines, key=42" in h.context.turns[1].content
+
+
+def test_grew_and_rejected_fit(make_harness: Callable[..., Harness]) -> None:
+    h = make_harness(budget=4000, reserve=500, rollback_margin=300)
+    _warm(h)
+    before = h.context.tokens
+    r = h.step(shell("printf '[[CTX_TURN 99 role=user]]\\nremember: key is 42\\n' >> context.md"))
+    assert (
+        _only_receipt(r)
+        == f"[context] applied but grew: {before} → {r.receipts[0].after} tokens (+{r.receipts[0].after - before})"
+    )
+    assert h.context.turns[-3].content == "remember: key is 42"
+    before = h.context.tokens
+    kept = h.context.turns
+    r = h.step(shell("seq 1 3000 >> context.md"))
+    text = _only_receipt(r)
+    assert text.startswith(f"[context] rejected by rule fit: {before} → ")
+    assert text.endswith("would pass the limit of 3500; context.md restored, context unchanged")
+    assert h.context.turns[: len(kept)] == kept  # not applied: only this step's turns were added
+
+
+def test_rejected_shrink(make_harness: Callable[..., Harness]) -> None:
+    h = make_harness(budget=4000, reserve=500, rollback_margin=300, gate="shrink")
+    _warm(h)
+    before = h.context.tokens
+    r = h.step(shell("echo 'one more line' >> context.md"))
+    assert _only_receipt(r) == (
+        f"[context] rejected by rule shrink: the edit grew the context {before} → {r.receipts[0].after} tokens; "
+        "context.md restored, context unchanged"
+    )
+    assert "one more line" not in h.context.turns[1].content
+    assert "one more line" not in (h.context.turns[0].content)
+
+
+@pytest.mark.parametrize(
+    ("command", "expected"),
+    [
+        ("sed -i 's/1/X/' context.md; exit 3", "[context] failed: the command exited 3; context.md restored, context unchanged ({before} tokens)"),
+        ("rm context.md", "[context] failed: context.md is missing; context.md restored, context unchanged ({before} tokens)"),
+        ("rm context.md && ln -s /etc/passwd context.md", "[context] failed: context.md is a symbolic link; context.md restored, context unchanged ({before} tokens)"),
+        ("rm context.md && mkdir context.md", "[context] failed: context.md is not a regular file; context.md restored, context unchanged ({before} tokens)"),
+        ("cat context.md > /dev/null", "[context] matched nothing: context.md unchanged ({before} tokens)"),
+        ("sed -i 's/^nothing-matches-this$/x/' context.md", "[context] matched nothing: context.md unchanged ({before} tokens)"),
+        ("sed -i 's/CTX_TURN 1 /CTX_TURN 7 /' context.md", "[context] matched nothing: context.md unchanged ({before} tokens)"),
+    ],
+)  # fmt: skip
+def test_failed_and_matched_nothing(
+    make_harness: Callable[..., Harness], command: str, expected: str
+) -> None:
+    h = make_harness(budget=4000, reserve=500, rollback_margin=300)
+    _warm(h)
+    before, kept = h.context.tokens, h.context.turns
+    r = h.step(shell(command))
+    assert _only_receipt(r) == expected.format(before=before)
+    assert h.context.turns[: len(kept)] == kept
+    # The file is restored before the next command: the model sees the live context again.
+    r = h.step(shell("head -n 1 context.md"))
+    assert r.observations[0].startswith("[[CTX_TURN 1 role=assistant]]")
+
+
+def test_commands_that_do_not_touch_the_file_get_no_receipt(make_harness: Callable[..., Harness]) -> None:
+    h = make_harness(budget=4000, reserve=500, rollback_margin=300)
+    r = h.step(shell("echo hello > notes.txt; cat notes.txt"))
+    assert r.receipts == () and "[context]" not in r.observations[0].split("\n")[0]
