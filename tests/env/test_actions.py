@@ -19,7 +19,9 @@ def test_prose_and_calls_in_order() -> None:
 
 
 def test_double_encoded_arguments_accepted() -> None:
-    _, calls = parse_tool_calls('<tool_call>{"name": "shell", "arguments": "{\\"command\\": \\"pwd\\"}"}</tool_call>')
+    _, calls = parse_tool_calls(
+        '<tool_call>{"name": "shell", "arguments": "{\\"command\\": \\"pwd\\"}"}</tool_call>'
+    )
     assert calls[0].args() == {"command": "pwd"}
 
 
@@ -30,7 +32,7 @@ def test_each_malformed_kind_is_a_format_error() -> None:
         '<tool_call>{"arguments": {}}</tool_call>': 'no "name"',
         '<tool_call>{"name": "shell", "arguments": [1]}</tool_call>': '"arguments" must be',
         '<tool_call>{"name": "shell", "arguments": {}}': "unclosed",
-        'text </tool_call> more': "without a matching",
+        "text </tool_call> more": "without a matching",
     }
     for text, needle in cases.items():
         _, calls = parse_tool_calls(text)
@@ -44,7 +46,11 @@ def test_no_call_is_just_prose() -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.sampled_from([*'<>/{}[]":, abtool_cl\n', "<tool_call>", "</tool_call>", '"name"'])).map("".join))
+@given(
+    st.lists(st.sampled_from([*'<>/{}[]":, abtool_cl\n', "<tool_call>", "</tool_call>", '"name"'])).map(
+        "".join
+    )
+)
 def test_never_raises(text: str) -> None:
     prose, calls = parse_tool_calls(text)
     assert isinstance(prose, str)
