@@ -1,0 +1,67 @@
+"""``scripted`` engine: a Python policy behind the engine protocol, for tests and baselines.
+
+The policy maps a prompt's token ids to the action text; the engine tokenises it (no special tokens added)
+and appends the tokenizer's EOS, so the rollout loop sees the same shape of output as from a model. Every
+logprob is 0.0 (the policy is deterministic). An action longer than the token budget is cut and ends with
+``length``; a prompt that fills ``max_model_len`` is aborted, as in every engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ctxrl.errors import EngineError
+from ctxrl.train.engines.base import (
+    FinishReason,
+    Generation,
+    SamplingConfig,
+    Weights,
+    new_token_budgets,
+    too_long,
+)
+
+Policy = Callable[[list[int]], str]
+
+
+class ScriptedEngine:
+    """Runs ``policy(prompt_ids) -> action text`` for every prompt."""
+
+    name = "scripted"
+    supports_sleep = False
+
+    def __init__(self, policy: Policy, tokenizer: Any, *, max_model_len: int | None = None) -> None:
+        if tokenizer.eos_token_id is None:
+            raise EngineError("the scripted engine needs a tokenizer with an EOS token")
+        self.policy = policy
+        self.tokenizer = tokenizer
+        self.eos_token_id = int(tokenizer.eos_token_id)
+        self.max_model_len: int = int(max_model_len or tokenizer.model_max_length)
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Generation]:
+        """Ask the policy once per prompt; sampling settings other than the token budget are ignored."""
+        budgets = new_token_budgets(prompts, sampling, self.max_model_len, vocab_size=len(self.tokenizer))
+        results = []
+        for prompt, budget in zip(prompts, budgets):
+            if budget == 0:
+                results.append(too_long(len(prompt), self.max_model_len))
+                continue
+            text = self.policy(list(prompt))
+            ids = [*self.tokenizer.encode(text, add_special_tokens=False), self.eos_token_id]
+            reason: FinishReason = "stop" if len(ids) <= budget else "length"
+            ids = ids[:budget]
+            results.append(Generation(ids, [0.0] * len(ids), reason, 0))
+        return results
+
+    def update_weights(self, weights: Weights) -> None:
+        """Refused: a scripted policy has no weights."""
+        raise EngineError("the scripted engine has no weights to update")
+
+    def sleep(self) -> None:
+        """No-op: nothing to free."""
+
+    def wake(self) -> None:
+        """No-op: nothing to restore."""
+
+    def close(self) -> None:
+        """No-op: nothing owned."""

@@ -1,0 +1,354 @@
+"""Engines: token in / token out against a transformers forward pass, weight updates, bad input.
+
+The vLLM tests share the session's one in-process engine (``vllm_llm``); the weight-update test restores the
+original weights before it returns, so later tests see the original tiny model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ctxrl.errors import ConfigError, EngineError, ModelLoadError
+from ctxrl.train.engines import Engine, Generation, SamplingConfig, make_engine
+
+SAMPLED = SamplingConfig(temperature=1.0, top_p=0.95, max_new_tokens=24)
+GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=16, ignore_eos=True)
+
+
+def chat_prompt(tokenizer: Any, text: str) -> list[int]:
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    return list(ids)
+
+
+def prompts_of(tokenizer: Any) -> list[list[int]]:
+    """Three prompts of different lengths (exercises left padding in the transformers engine)."""
+    return [
+        chat_prompt(tokenizer, "find key_0042 and submit it"),
+        chat_prompt(tokenizer, "hi"),
+        chat_prompt(tokenizer, "read the file view, evict what is stale, then answer the question " * 6),
+    ]
+
+
+def forward_logprobs(model: Any, prompt: list[int], generated: list[int]) -> tuple[Any, Any]:
+    """Per generated position: the logprob of the generated token and the best logprob (one forward pass)."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + generated])).logits[0].float()
+    logprobs = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+    chosen = logprobs.gather(-1, torch.tensor(generated).unsqueeze(-1)).squeeze(-1)
+    return chosen, logprobs.max(dim=-1).values
+
+
+def assert_matches_forward(model: Any, prompt: list[int], gen: Generation, greedy: bool = False) -> None:
+    assert len(gen.token_ids) == len(gen.logprobs) > 0
+    chosen, best = forward_logprobs(model, prompt, gen.token_ids)
+    for i, lp in enumerate(gen.logprobs):
+        assert abs(chosen[i].item() - lp) < 1e-3, (i, chosen[i].item(), lp)
+        if greedy:  # the engine's pick is the forward pass's argmax (up to near-ties of a random model)
+            assert chosen[i].item() >= best[i].item() - 1e-4
+
+
+def perturbed_state_dict(state: dict[str, Any], seed: int, scale: float = 0.05) -> dict[str, Any]:
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    return {k: v + scale * torch.randn(v.shape, generator=gen, dtype=v.dtype) for k, v in state.items()}
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_model_dir: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+
+
+# ---------------------------------------------------------------------------------------------- config
+
+
+def test_sampling_config_checks_its_fields() -> None:
+    with pytest.raises(ConfigError, match="temperature"):
+        SamplingConfig(temperature=-1.0)
+    with pytest.raises(ConfigError, match="top_p"):
+        SamplingConfig(top_p=0.0)
+    with pytest.raises(ConfigError, match="max_new_tokens"):
+        SamplingConfig(max_new_tokens=0)
+    assert SamplingConfig().temperature == 0.7 and SamplingConfig().top_p == 0.95
+
+
+def test_make_engine_unknown_name_lists_the_names() -> None:
+    with pytest.raises(ConfigError, match="vllm-server"):
+        make_engine("llama.cpp", "x")
+
+
+# ---------------------------------------------------------------------------------------------- transformers
+
+
+def test_hf_engine_token_in_token_out(tiny_model_dir: Path, tiny_tokenizer: Any, hf_model: Any) -> None:
+    engine = make_engine("hf", tiny_model_dir, seed=3)
+    assert isinstance(engine, Engine)
+    prompts = prompts_of(tiny_tokenizer)
+    gens = engine.generate(prompts, SAMPLED)
+    assert len(gens) == 3
+    for prompt, gen in zip(prompts, gens):
+        assert gen.num_cached_tokens == 0
+        assert gen.finish_reason in ("stop", "length")
+        assert len(gen.token_ids) <= SAMPLED.max_new_tokens
+        assert_matches_forward(hf_model, prompt, gen)
+    # seeded once at construction: a second engine with the same seed samples the same tokens
+    again = make_engine("hf", tiny_model_dir, seed=3).generate(prompts, SAMPLED)
+    assert [g.token_ids for g in again] == [g.token_ids for g in gens]
+
+    greedy = engine.generate(prompts, GREEDY)
+    for prompt, gen in zip(prompts, greedy):
+        assert len(gen.token_ids) == GREEDY.max_new_tokens and gen.finish_reason == "length"
+        assert_matches_forward(hf_model, prompt, gen, greedy=True)
+
+
+def test_hf_engine_keeps_the_stop_token(tiny_model_dir: Path, tiny_tokenizer: Any) -> None:
+    engine = make_engine("hf", tiny_model_dir)
+    _check_stop_token_kept(engine, chat_prompt(tiny_tokenizer, "find key_0042 and submit it"))
+
+
+def _check_stop_token_kept(engine: Engine, prompt: list[int]) -> None:
+    """Greedy with a stop id taken from the greedy output: the output ends right after that id, which is kept."""
+    free = engine.generate([prompt], SamplingConfig(temperature=0.0, max_new_tokens=12, ignore_eos=True))[0]
+    stop = free.token_ids[5]
+    first = free.token_ids.index(stop)
+    stopped = engine.generate(
+        [prompt], SamplingConfig(temperature=0.0, max_new_tokens=12, stop_token_ids=(stop,))
+    )[0]
+    assert stopped.finish_reason == "stop"
+    assert stopped.token_ids == free.token_ids[: first + 1]
+    assert stopped.logprobs == pytest.approx(free.logprobs[: first + 1], abs=1e-4)
+
+
+def test_hf_engine_weight_update_from_state_dict_and_peft(tiny_model_dir: Path, tiny_tokenizer: Any) -> None:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    engine = make_engine("hf", tiny_model_dir)
+    prompt = chat_prompt(tiny_tokenizer, "find key_0042 and submit it")
+    before = engine.generate([prompt], GREEDY)[0]
+
+    noisy = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    noisy.load_state_dict(perturbed_state_dict(noisy.state_dict(), seed=1))
+    engine.update_weights(noisy.state_dict())
+    after = engine.generate([prompt], GREEDY)[0]
+    assert after.token_ids != before.token_ids
+    assert_matches_forward(noisy, prompt, after, greedy=True)
+
+    # a LoRA model: the engine gets the merged weights under the base model's names
+    lora = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+    ).eval()
+    engine.update_weights(lora)
+    lora_gen = engine.generate([prompt], GREEDY)[0]
+    assert lora_gen.token_ids != before.token_ids
+    merged = lora.merge_and_unload()
+    assert_matches_forward(merged, prompt, lora_gen, greedy=True)
+
+    with pytest.raises(EngineError, match="no parameter named"):
+        engine.update_weights({"not.a.weight": torch.zeros(1)})
+
+
+# ---------------------------------------------------------------------------------------------- scripted
+
+
+def test_scripted_engine_tokenises_the_action_and_ends_with_eos(tiny_tokenizer: Any) -> None:
+    seen: list[list[int]] = []
+
+    def policy(prompt_ids: list[int]) -> str:
+        seen.append(prompt_ids)
+        return '<tool_call>{"name": "submit", "arguments": {"answer": "42"}}</tool_call>'
+
+    engine = make_engine("scripted", policy=policy, tokenizer=tiny_tokenizer)
+    assert isinstance(engine, Engine)
+    prompt = chat_prompt(tiny_tokenizer, "submit 42")
+    [gen] = engine.generate([prompt], SamplingConfig())
+    assert seen == [prompt]
+    assert gen.token_ids[-1] == tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert tiny_tokenizer.decode(gen.token_ids[:-1]) == policy(prompt)
+    assert gen.logprobs == [0.0] * len(gen.token_ids) and gen.finish_reason == "stop"
+    [cut] = engine.generate([prompt], SamplingConfig(max_new_tokens=3))
+    assert cut.token_ids == gen.token_ids[:3] and cut.finish_reason == "length"
+    with pytest.raises(EngineError, match="no weights"):
+        engine.update_weights({})
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+
+
+def test_folder_that_is_not_a_causal_lm_is_refused_before_any_engine_starts(
+    tmp_path: Path, tiny_tokenizer: Any, tiny_model_dir: Path
+) -> None:
+    from transformers import ViTConfig
+
+    tokenizer_only = tmp_path / "tokenizer_only"
+    tiny_tokenizer.save_pretrained(tokenizer_only)
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / "config.json").write_text("{not json")
+    vision = tmp_path / "vision"
+    ViTConfig().save_pretrained(vision)
+    no_weights = tmp_path / "no_weights"
+    no_weights.mkdir()
+    (no_weights / "config.json").write_text((tiny_model_dir / "config.json").read_text())
+    unknown = tmp_path / "unknown"
+    unknown.mkdir()
+    (unknown / "config.json").write_text(json.dumps({"model_type": "no-such-model"}))
+
+    cases = {
+        tmp_path / "missing": "does not exist",
+        tokenizer_only: "tokenizer-only",
+        garbage: "not valid JSON",
+        vision: "not a causal LM",
+        no_weights: "no weight files",
+        unknown: "cannot read",
+    }
+    for folder, message in cases.items():
+        for name in ("hf", "vllm", "vllm-server"):
+            with pytest.raises(ModelLoadError, match=message):
+                make_engine(name, folder)
+
+    # the scripted engine only needs a tokenizer, which a tokenizer-only folder has
+    scripted = make_engine("scripted", tokenizer_only, policy=lambda ids: "ok")
+    assert scripted.generate([[5, 6]], SamplingConfig())[0].finish_reason == "stop"
+    with pytest.raises(ModelLoadError, match="no tokenizer files"):
+        make_engine("scripted", garbage, policy=lambda ids: "ok")
+
+
+def test_hf_engine_too_long_prompt_is_aborted_and_the_batch_runs(hf_model: Any) -> None:
+    from ctxrl.train.engines.hf import HFEngine
+
+    engine = HFEngine.from_model(hf_model, max_model_len=64)
+    _check_too_long(engine)
+
+
+def test_scripted_engine_too_long_prompt_is_aborted(tiny_tokenizer: Any) -> None:
+    from ctxrl.train.engines.scripted import ScriptedEngine
+
+    engine = ScriptedEngine(lambda ids: "a b c d e f g h i j", tiny_tokenizer, max_model_len=64)
+    _check_too_long(engine)
+
+
+def _check_too_long(engine: Engine) -> None:
+    """A full-length prompt is aborted, a nearly full one is cut to the room left, the others run."""
+    n = engine.max_model_len
+    full, nearly, short = [7] * n, [7] * (n - 2), [7] * 10
+    sampling = SamplingConfig(temperature=0.0, max_new_tokens=8, ignore_eos=True)
+    aborted, cut, normal = engine.generate([full, nearly, short], sampling)
+    assert (
+        aborted.finish_reason == "abort"
+        and aborted.token_ids == []
+        and "max_model_len" in aborted.extra["reason"]
+    )
+    assert cut.finish_reason == "length" and 0 < len(cut.token_ids) <= 2
+    assert len(normal.token_ids) > 2
+    with pytest.raises(EngineError, match="empty"):
+        engine.generate([[]], sampling)
+    with pytest.raises(EngineError, match="vocabulary"):
+        engine.generate([[10**7]], sampling)
+
+
+# ---------------------------------------------------------------------------------------------- vLLM in-process
+
+
+@pytest.fixture(scope="module")
+def vllm_engine(vllm_llm: Any) -> Any:
+    from ctxrl.train.engines.vllm_engine import VLLMEngine
+
+    engine = VLLMEngine.from_llm(vllm_llm)
+    assert isinstance(engine, Engine) and not engine.supports_sleep  # CPU: no sleep mode
+    return engine
+
+
+@pytest.mark.vllm
+def test_vllm_engine_token_in_token_out(vllm_engine: Any, tiny_tokenizer: Any, hf_model: Any) -> None:
+    prompts = prompts_of(tiny_tokenizer)
+    gens = vllm_engine.generate(prompts, SAMPLED)
+    assert len(gens) == 3
+    for prompt, gen in zip(prompts, gens):
+        assert gen.finish_reason in ("stop", "length") and len(gen.token_ids) <= SAMPLED.max_new_tokens
+        assert 0 <= gen.num_cached_tokens <= len(prompt)
+        assert_matches_forward(hf_model, prompt, gen)
+    for prompt, gen in zip(prompts, vllm_engine.generate(prompts, GREEDY)):
+        assert len(gen.token_ids) == GREEDY.max_new_tokens and gen.finish_reason == "length"
+        assert_matches_forward(hf_model, prompt, gen, greedy=True)
+
+
+@pytest.mark.vllm
+def test_vllm_engine_keeps_the_stop_token(vllm_engine: Any, tiny_tokenizer: Any) -> None:
+    _check_stop_token_kept(vllm_engine, chat_prompt(tiny_tokenizer, "find key_0042 and submit it"))
+
+
+@pytest.mark.vllm
+def test_vllm_engine_multi_step_reports_prefix_cache_hits(
+    vllm_engine: Any, vllm_llm: Any, tiny_tokenizer: Any, hf_model: Any
+) -> None:
+    """Each step's prompt extends the last (prompt + generation + tool output): later steps hit the cache."""
+    block = vllm_llm.llm_engine.vllm_config.cache_config.block_size  # 128 on this CPU build
+    prompts = [
+        chat_prompt(tiny_tokenizer, f"episode {k}: find key_{k:04d} in the files " * 25) for k in range(2)
+    ]
+    assert min(map(len, prompts)) > 2 * block
+    tool = tiny_tokenizer.encode(
+        "<|im_end|>\n<|im_start|>tool\nkey_0001 = 771<|im_end|>\n<|im_start|>assistant\n"
+    )
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=12)
+    previous: list[list[int]] = []
+    for step in range(3):
+        gens = vllm_engine.generate(prompts, sampling)
+        for k, (prompt, gen) in enumerate(zip(prompts, gens)):
+            assert_matches_forward(hf_model, prompt, gen)
+            if step > 0:  # every full block of the previous step's prompt is served from the cache
+                assert len(previous[k]) // block * block <= gen.num_cached_tokens < len(prompt)
+        previous = prompts
+        prompts = [p + g.token_ids + tool for p, g in zip(prompts, gens)]
+
+
+@pytest.mark.vllm
+def test_vllm_engine_weight_update_matches_transformers(
+    vllm_engine: Any, tiny_model_dir: Path, tiny_tokenizer: Any, hf_model: Any
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    prompts = prompts_of(tiny_tokenizer)[:2]
+    original = {k: v.clone() for k, v in hf_model.state_dict().items()}
+    before = vllm_engine.generate(prompts, GREEDY)
+    noisy = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    noisy.load_state_dict(perturbed_state_dict(original, seed=1))
+    try:
+        vllm_engine.update_weights(noisy)
+        after = vllm_engine.generate(prompts, GREEDY)
+        for prompt, old, new in zip(prompts, before, after):
+            assert new.token_ids != old.token_ids
+            assert_matches_forward(noisy, prompt, new, greedy=True)
+    finally:
+        vllm_engine.update_weights(original)
+    restored = vllm_engine.generate(prompts, GREEDY)
+    assert [g.token_ids for g in restored] == [g.token_ids for g in before]
+    for old, new in zip(before, restored):
+        assert new.logprobs == pytest.approx(old.logprobs, abs=1e-4)
+
+
+@pytest.mark.vllm
+def test_vllm_engine_too_long_prompt_is_aborted_and_the_batch_runs(vllm_engine: Any) -> None:
+    _check_too_long(vllm_engine)
+
+
+@pytest.mark.vllm
+def test_vllm_engine_sleep_and_wake_are_no_ops_on_cpu(vllm_engine: Any, tiny_tokenizer: Any) -> None:
+    prompt = chat_prompt(tiny_tokenizer, "hi")
+    before = vllm_engine.generate([prompt], GREEDY)[0]
+    vllm_engine.sleep()
+    vllm_engine.wake()
+    assert vllm_engine.generate([prompt], GREEDY)[0].token_ids == before.token_ids
