@@ -1,0 +1,87 @@
+"""The Gymnasium environment: Gymnasium's own checker and determinism on every family in every mode."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+from ctxrl.env.gym_env import MODES, ContextEnv, register_envs
+from ctxrl.env.tasks.registry import FAMILIES
+
+
+def _call(name: str, **arguments: Any) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+def _env(tokenizer: Any, tmp_path: Path, family: str, mode: str) -> ContextEnv:
+    return ContextEnv(family, mode, tokenizer=tokenizer, workdir=tmp_path / f"{family}-{mode}")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_check_env_and_determinism(family: str, mode: str, tiny_tokenizer: Any, tmp_path: Path) -> None:
+    env = _env(tiny_tokenizer, tmp_path, family, mode)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        check_env(env, skip_render_check=True, skip_close_check=True)
+
+    def run() -> list[str]:
+        obs, info = env.reset(seed=7)
+        tool = info["task_tools"][0]  # every family has one
+        seen = [obs]
+        for action in (
+            "thinking",
+            _call(tool),
+            "<tool_call>{broken</tool_call>",
+            _call("submit", answer="x"),
+        ):
+            obs, _, terminated, truncated, _ = env.step(action)
+            seen.append(obs)
+            if terminated or truncated:
+                break
+        return seen
+
+    first, second = run(), run()
+    assert first == second
+    env.close()
+
+
+def test_episode_rewards_and_info(tiny_tokenizer: Any, tmp_path: Path) -> None:
+    env = _env(tiny_tokenizer, tmp_path, "retention", "file")
+    obs, info = env.reset(seed=1)
+    assert obs.endswith("<|im_start|>assistant\n")
+    assert info["messages"][0]["role"] == "system" and info["tokens"] > 0
+    task_tool = info["task_tools"][0]
+    obs, reward, terminated, truncated, info = env.step(_call(task_tool))
+    assert (reward, terminated, truncated) == (0.0, False, False)
+    assert "<tool_response>" in obs and info["readout"]
+    obs, reward, terminated, truncated, info = env.step("<tool_call>{broken</tool_call>")
+    assert "[receipt] format error" in info["messages"][-1]["content"]
+    obs, reward, terminated, truncated, info = env.step(_call("submit", answer="definitely wrong"))
+    assert terminated and not truncated and reward == 0.0
+    assert info["success"] is False and info["cost"]["prompt_tokens_total"] > 0
+    env.close()
+
+
+def test_registered_ids_make_envs(tiny_tokenizer: Any, tmp_path: Path) -> None:
+    ids = register_envs()
+    assert "ctxrl/Retention-v0" in ids and len(ids) == len(FAMILIES)
+    env = gym.make("ctxrl/Board-v0", mode="tools", tokenizer=tiny_tokenizer, workdir=tmp_path / "g")
+    obs, _ = env.reset(seed=0)
+    assert isinstance(obs, str) and "context_status" in obs
+    env.close()
+
+
+def test_bad_input_errors(tiny_tokenizer: Any) -> None:
+    from ctxrl.errors import UsageError
+
+    with pytest.raises(UsageError, match="unknown task family"):
+        ContextEnv("nope", tokenizer=tiny_tokenizer)
+    with pytest.raises(UsageError, match="unknown mode"):
+        ContextEnv("retention", "yolo", tokenizer=tiny_tokenizer)
