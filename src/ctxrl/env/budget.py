@@ -147,14 +147,24 @@ def describe_call(call: ToolCall) -> str:
 
 
 def overflow_note(
-    cfg: HarnessConfig, removed: Sequence[Turn], culprits: Sequence[ToolCall], freed: int
+    cfg: HarnessConfig,
+    removed: Sequence[Turn],
+    culprits: Sequence[ToolCall],
+    freed: int,
+    target: str | None = None,
 ) -> str:
     """The note after a rollback: how much was freed, the calls whose output overflowed (``culprits``,
-    the calls of the step that passed the limit) and any other rolled-back calls."""
+    the calls of the step that passed the limit) and any other rolled-back calls. ``target`` names what to
+    condense (default: the context file; modes without one pass e.g. "your context")."""
     culprit_ids = {c.id for c in culprits}
     named = ", ".join(f"`{describe_call(c)}`" for c in culprits) or "(no command: the model's own text)"
     others = [describe_call(c) for t in removed for c in t.tool_calls if c.id not in culprit_ids]
     also = f" Also rolled back: {', '.join(f'`{c}`' for c in others)}." if others else ""
     return OVERFLOW.format(
-        limit=cfg.limit, turns=len(removed), free=freed, commands=named, also=also, file=cfg.context_file
+        limit=cfg.limit,
+        turns=len(removed),
+        free=freed,
+        commands=named,
+        also=also,
+        file=target or cfg.context_file,
     )

@@ -604,7 +604,8 @@ class Harness:
         cut = bud.rollback_cut(turns, ctx.tokens_of, cfg.limit - margin)
         removed = turns[cut:]
         ctx.replace_turns(turns[:cut])
-        lines = [bud.overflow_note(cfg, removed, culprits, freed=cfg.limit - ctx.tokens)]
+        target = cfg.context_file if self.mode.name == "file" else "your context"
+        lines = [bud.overflow_note(cfg, removed, culprits, freed=cfg.limit - ctx.tokens, target=target)]
         if state.ignored_rollbacks > cfg.rollback_retries:
             self._final_turn = True
             lines.append(bud.FINAL_TURN.format(count=state.ignored_rollbacks))
