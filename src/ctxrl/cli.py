@@ -24,6 +24,10 @@ from typing import Any, NoReturn
 # returns a flat {metric name: number} dict; the CLI prints it as a table and writes it with --json.
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "harness": ("ctxrl.env.bench:bench_harness", "per-step harness overhead and sandbox overhead"),
+    "rollout": (
+        "ctxrl.train.rollout_bench:bench_rollout",
+        "rollout throughput of the vllm and hf engines on multi-turn episodes past 4k tokens",
+    ),
 }
 
 
@@ -72,6 +76,41 @@ def _add_bench(sub: argparse._SubParsersAction[Any]) -> None:
         b.set_defaults(run="ctxrl.cli:_run_bench", bench_target=target)
 
 
+def _add_rollout(sub: argparse._SubParsersAction[Any]) -> None:
+    p = sub.add_parser("rollout", help="run a policy on built-in tasks and write its trajectories (JSONL)")
+    p.add_argument("--out", type=Path, default=Path("runs/rollout"), help="run folder (default runs/rollout)")
+    p.add_argument(
+        "--model", default=None, help="model folder (default: the tiny model, built into OUT/model)"
+    )
+    p.add_argument(
+        "--engine",
+        choices=("vllm", "hf", "vllm-server", "scripted"),
+        default="vllm",
+        help="engine (default vllm)",
+    )
+    p.add_argument("--server-url", default=None, help="vllm-server: a running server (default: start one)")
+    p.add_argument(
+        "--policy", default=None, help="scripted: MODULE:FUNCTION(tokenizer) -> policy (default: a probe)"
+    )
+    p.add_argument("--families", default=None, help="comma-separated task families (default: all)")
+    p.add_argument(
+        "--mode", default="file", help="context mode: file, tools, usage, harness, append (default file)"
+    )
+    p.add_argument("--split", default="train", help="task split: train, dev, test (default train)")
+    p.add_argument("--difficulty", default="default", help="easy, default or hard (default default)")
+    p.add_argument("--tasks", type=int, default=4, help="number of tasks (default 4)")
+    p.add_argument("--group-size", type=int, default=4, help="episodes per task, G (default 4)")
+    p.add_argument("--max-steps", type=int, default=None, help="task steps per episode (default: the task's)")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="tokens per action (default 256)")
+    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default 0.7)")
+    p.add_argument("--top-p", type=float, default=0.95, help="nucleus mass (default 0.95)")
+    p.add_argument("--max-model-len", type=int, default=8192, help="engine's longest sequence (default 8192)")
+    p.add_argument("--workers", type=int, default=8, help="environment threads (default 8)")
+    p.add_argument("--seed", type=int, default=0, help="engine and tiny-model seed (default 0)")
+    p.add_argument("--keep-workspaces", action="store_true", help="keep episode workspaces under OUT")
+    p.set_defaults(run="ctxrl.train.rollout_cli:run_rollout")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="ctxrl", description="Train and evolve LLM agents that manage their own context window."
@@ -80,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
     _add_tiny_model(sub)
     _add_quickstart(sub)
+    _add_rollout(sub)
     if BENCHMARKS:
         _add_bench(sub)
     return parser

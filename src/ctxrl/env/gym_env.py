@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
@@ -120,6 +120,24 @@ def make_mode(name: str, config: HarnessConfig) -> Mode:
     return mode
 
 
+def task_harness_config(
+    task: Task, count_tokens: Callable[[str], int], base: HarnessConfig | None = None
+) -> HarnessConfig:
+    """The harness config of an episode of ``task``: ``base`` (default: the defaults) with the task's budget
+    converted to the policy tokenizer's tokens (``count_tokens``: text -> tokens; see ``Task.budget_for``),
+    its step limit, and reserve and rollback margin at most an eighth of the budget, so one large
+    observation still fits under a small budget."""
+    base = base or HarnessConfig()
+    budget = task.budget_for(count_tokens)
+    return replace(
+        base,
+        budget=budget,
+        reserve=min(base.reserve, budget // 8),
+        rollback_margin=min(base.rollback_margin, budget // 8),
+        max_steps=task.max_steps,
+    )
+
+
 class ContextEnv(gym.Env[str, str]):
     """A task family in a context-management mode. See the module docstring for the contract."""
 
@@ -190,20 +208,10 @@ class ContextEnv(gym.Env[str, str]):
         return make_task(self.family, int(task_seed), self.difficulty, split=self.split)
 
     def _config_for(self, task: Task) -> HarnessConfig:
-        """The harness config of an episode: the user's if given; otherwise the defaults with the task's budget
-        (converted to this tokenizer's tokens) and step limit, and reserve and rollback margin scaled to a
-        small budget (1/8 of it, at most the defaults) so one large observation still fits."""
+        """The user's harness config if given, else :func:`task_harness_config` for this tokenizer."""
         if self.base_config is not None:
             return self.base_config
-        base = HarnessConfig()
-        budget = task.budget_for(self._count_text)
-        return replace(
-            base,
-            budget=budget,
-            reserve=min(base.reserve, budget // 8),
-            rollback_margin=min(base.rollback_margin, budget // 8),
-            max_steps=task.max_steps,
-        )
+        return task_harness_config(task, self._count_text)
 
     def _count_text(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
