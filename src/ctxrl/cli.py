@@ -38,7 +38,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
-def _resolve(target: str) -> Callable[..., Any]:
+def resolve(target: str) -> Callable[..., Any]:
     module, _, name = target.partition(":")
     fn: Callable[..., Any] = getattr(importlib.import_module(module), name)
     return fn
@@ -132,7 +132,7 @@ def _version() -> str:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    metrics: dict[str, float] = _resolve(args.bench_target)(args)
+    metrics: dict[str, float] = resolve(args.bench_target)(args)
     width = max(len(k) for k in metrics)
     print(f"{'metric':<{width}}  value")
     for key, value in metrics.items():
@@ -150,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
-        return int(_resolve(args.run)(args) or 0)
+        return int(resolve(args.run)(args) or 0)
     except CtxrlError as exc:
         print(f"ctxrl {args.command}: error: {exc}", file=sys.stderr)
         return 1

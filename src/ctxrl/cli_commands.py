@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ctxrl.errors import ModelLoadError
+from ctxrl.errors import UsageError
 
 
 def run_tiny_model(args: argparse.Namespace) -> int:
@@ -31,93 +31,58 @@ def ensure_tiny_model(folder: Path, seed: int = 0) -> Path:
     return build_tiny_model(folder, seed=seed, force=True)
 
 
-def _quickstart_prompts(tokenizer: object, n: int) -> list[list[int]]:
-    """Chat prompts with one shared system prompt and tool list, so the prefix cache has work to do."""
-    tools = [
-        {
-            "type": "function",
-            "function": {
-                "name": "shell",
-                "description": "Run a shell command in the workspace.",
-                "parameters": {
-                    "type": "object",
-                    "properties": {"command": {"type": "string"}},
-                    "required": ["command"],
-                },
-            },
-        },
-    ]
-    system = "You manage your own context. The editable region is mirrored to context.txt. " * 8
-    prompts = []
-    for i in range(n):
-        messages = [
-            {"role": "system", "content": system},
-            {"role": "user", "content": f"Task {i}: find key_{i:04d} in the logs and submit its value."},
-        ]
-        ids = tokenizer.apply_chat_template(  # type: ignore[attr-defined]
-            messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
+def _run_subcommand(argv: list[str]) -> None:
+    """Run another ``ctxrl`` subcommand in this process; a failure stops the quickstart."""
+    from ctxrl.cli import build_parser, resolve
+
+    sub_args = build_parser().parse_args(argv)
+    status = int(resolve(sub_args.run)(sub_args) or 0)
+    if status != 0:
+        raise UsageError(f"'ctxrl {' '.join(argv[:1])}' exited with status {status}")
+
+
+def advantage_report(trajectories: Path) -> list[str]:
+    """One line per group of a trajectory file: successes, the task and efficiency advantages of its
+    episodes, and how many generated tokens the edit mask marks."""
+    from ctxrl.rewards.advantages import group_advantages
+    from ctxrl.train.trajectory import load_trajectories
+
+    groups: dict[int, list[Any]] = {}
+    for ep in load_trajectories(trajectories):
+        groups.setdefault(ep.group, []).append(ep)
+    lines = []
+    for g, eps in sorted(groups.items()):
+        adv = group_advantages(
+            [ep.reward for ep in eps],
+            [ep.cost_flops if ep.cost_flops is not None else ep.cost_tokens for ep in eps],
+            [ep.success for ep in eps],
+            [[m for s in ep.steps for m in s.edit_mask] for ep in eps],
+            clean=[ep.end_reason == "submit" for ep in eps],
         )
-        prompts.append(list(ids))
-    return prompts
+        edit_tokens = sum(sum(s.edit_mask) for ep in eps for s in ep.steps)
+        lines.append(
+            f"  group {g} ({eps[0].family}): {sum(ep.success for ep in eps)}/{len(eps)} solved, "
+            f"task adv {[round(float(a), 2) for a in adv.task]}, "
+            f"efficiency adv {[round(float(a), 2) for a in adv.efficiency]}, edit tokens {edit_tokens}"
+        )
+    return lines
 
 
 def run_quickstart(args: argparse.Namespace) -> int:
-    """Build the tiny model, then generate chat-template prompts with the chosen engine."""
+    """The CPU quickstart: every stage of the pipeline that exists, end to end, on the tiny model."""
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    print(f"[1/2] tiny model -> {out / 'model'}")
+    print(f"[1/3] tiny model -> {out / 'model'}")
     model_dir = ensure_tiny_model(out / "model", seed=args.seed)
-
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot load the tokenizer in {model_dir}: {exc}") from exc
-    prompts = _quickstart_prompts(tokenizer, 16)
-    max_new = 64
-    print(f"[2/2] generating {len(prompts)} x {max_new} tokens with the {args.engine} engine")
-    t0 = time.perf_counter()
-    if args.engine == "vllm":
-        from vllm import SamplingParams, TokensPrompt
-
-        from ctxrl.train.vllm_local import make_llm
-
-        llm = make_llm(model_dir, seed=args.seed, max_model_len=4096)
-        params = SamplingParams(temperature=0.7, top_p=0.95, max_tokens=max_new, ignore_eos=True)
-        t0 = time.perf_counter()
-        outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        elapsed = time.perf_counter() - t0
-        generated = sum(len(o.outputs[0].token_ids) for o in outputs)
-        cached = sum(o.num_cached_tokens or 0 for o in outputs)
-        sample = outputs[0].outputs[0].token_ids
-    else:
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        model: Any = AutoModelForCausalLM.from_pretrained(model_dir)
-        torch.manual_seed(args.seed)
-        generated, cached, sample = 0, 0, []
-        for p in prompts:
-            ids = torch.tensor([p])
-            res = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=max_new,
-                do_sample=True,
-                temperature=0.7,
-                top_p=0.95,
-                min_new_tokens=max_new,
-            )
-            new = res[0, len(p) :].tolist()
-            generated += len(new)
-            sample = sample or new
-        elapsed = time.perf_counter() - t0
-    prompt_tokens = sum(len(p) for p in prompts)
-    print(
-        f"  prompt tokens {prompt_tokens}, cached by the prefix cache {cached}, generated {generated} "
-        f"in {elapsed:.2f} s ({generated / elapsed:.0f} tokens/s)"
-    )
-    print(f"  sample (untrained model, so noise): {tokenizer.decode(sample[:24])!r}")
+    print(f"[2/3] rollouts of the tiny model on the {args.engine} engine (ctxrl rollout)")
+    rollout_dir = out / "rollout"
+    _run_subcommand(
+        ["rollout", "--engine", args.engine, "--model", str(model_dir), "--out", str(rollout_dir),
+         "--families", "retention,board", "--tasks", "2", "--group-size", "4", "--max-steps", "6",
+         "--max-new-tokens", "64", "--seed", str(args.seed)]
+    )  # fmt: skip
+    print("[3/3] advantages per group (success first; cost re-ranks successes, on edit tokens only)")
+    for line in advantage_report(rollout_dir / "trajectories.jsonl"):
+        print(line)
     print(f"done. run folder: {out}")
     return 0
