@@ -24,6 +24,10 @@ from typing import Any, NoReturn
 # returns a flat {metric name: number} dict; the CLI prints it as a table and writes it with --json.
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "harness": ("ctxrl.env.bench:bench_harness", "per-step harness overhead and sandbox overhead"),
+    "env": (
+        "ctxrl.env.runner:bench_env",
+        "episodes per second of the batched runner with the scripted policies",
+    ),
     "rollout": (
         "ctxrl.train.rollout_bench:bench_rollout",
         "rollout throughput of the vllm and hf engines on multi-turn episodes past 4k tokens",
@@ -111,6 +115,24 @@ def _add_rollout(sub: argparse._SubParsersAction[Any]) -> None:
     p.set_defaults(run="ctxrl.train.rollout_cli:run_rollout")
 
 
+def _add_eval(sub: argparse._SubParsersAction[Any]) -> None:
+    p = sub.add_parser("eval", help="run scripted policies on task families; print and save a results table")
+    p.add_argument(
+        "--policy",
+        nargs="+",
+        default=["all"],
+        help="scripted policies: append, harness, tools-manager, usage-manager, file-manager, or all (default all)",
+    )
+    p.add_argument("--families", nargs="+", default=None, help="task families (default: all)")
+    p.add_argument("--split", default="test", help="task split: train, dev, test (default test)")
+    p.add_argument("--episodes", type=int, default=10, help="episodes per family and policy (default 10)")
+    p.add_argument("--difficulty", default="default", help="easy, default or hard (default default)")
+    p.add_argument("--out", type=Path, default=None, help="write eval.json and eval.md into this folder")
+    p.add_argument("--json", type=Path, default=None, help="write flat {metric: number} JSON to this file")
+    p.add_argument("--workers", type=int, default=4, help="environment threads (default 4)")
+    p.set_defaults(run="ctxrl.env.eval_cli:run_eval")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="ctxrl", description="Train and evolve LLM agents that manage their own context window."
@@ -119,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
     _add_tiny_model(sub)
     _add_quickstart(sub)
+    _add_eval(sub)
     _add_rollout(sub)
     if BENCHMARKS:
         _add_bench(sub)

@@ -1,0 +1,89 @@
+"""One context manager per mode: given the view and the solver's plan, the text of the next action.
+
+A manager either passes the solver's task action through, or, when the latest budget readout is past
+:data:`THRESHOLD` of the limit, spends one step on one batched compaction that keeps the solver's facts
+verbatim and removes the rest (never two compactions in a row, so a compaction that cannot get under the
+threshold does not loop). Compactions print nothing, so they are free edit turns.
+
+| manager | mode | what it does |
+|---|---|---|
+| :func:`append` | ``append`` | never manages |
+| :func:`harness` | ``harness`` | never manages (the harness spills and folds); restates its facts in its own message every step, as the mode's skill asks |
+| :func:`tools_manager` | ``tools`` | ``context_drop`` of every result of 300+ characters still in context, the facts in its own message (a ``context_note`` would carry a preserved-identifier block that costs more than it frees at small budgets) |
+| :func:`usage_manager` | ``usage`` | when the usage block shows or the readout passes the threshold: ``evict_file_view`` (if file views are open) and ``archive_thread`` of every finished turn, the facts in its own message |
+| :func:`file_manager` | ``file`` | rewrites the context file with one user note holding the facts (``cat > context.md <<'EOF'``) |
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from ctxrl.env.policies.view import Call, Plan, View, facts_block, render_action
+
+THRESHOLD = 0.6
+"""Fill (latest readout / limit) from which a manager compacts."""
+DROP_MIN_CHARS = 300
+"""Results shorter than this are left alone by the tools manager: their stub (~130 characters) would save little."""
+_TURN = re.compile(r"\ATurn #(\d+)\n")
+
+Manager = Callable[[View, Plan], str]
+
+
+def _due(view: View) -> bool:
+    return view.fill >= THRESHOLD and not view.last_action_edited()
+
+
+def append(view: View, plan: Plan) -> str:
+    """The task action, nothing else."""
+    return render_action(plan.calls)
+
+
+def harness(view: View, plan: Plan) -> str:
+    """The task action, with the facts restated in the message (the harness may spill the results)."""
+    return render_action(plan.calls, prose=facts_block(plan.facts))
+
+
+def tools_manager(view: View, plan: Plan) -> str:
+    """Past the threshold (and once the context tools are offered): one ``context_drop`` of every result still
+    in context, the facts written in this message (assistant messages are never dropped). Otherwise the task
+    action."""
+    if _due(view) and "context_drop" in view.tools:
+        handles = [
+            item.call_id
+            for item in view.items
+            if item.role == "tool" and item.call_id and not item.is_stub and len(item.text) >= DROP_MIN_CHARS
+        ][-64:]
+        if handles:
+            return render_action([Call("context_drop", {"handles": handles})], prose=facts_block(plan.facts))
+    return render_action(plan.calls)
+
+
+def usage_manager(view: View, plan: Plan) -> str:
+    """When the usage block shows or the readout passes the threshold: evict the open file views and archive
+    every finished turn, the facts written in this message (which stays). Otherwise the task action."""
+    if (view.signal is not None or view.fill >= THRESHOLD) and not view.last_action_edited():
+        rounds = [
+            int(m.group(1)) for item in view.items if item.role == "tool" and (m := _TURN.match(item.text))
+        ]
+        views_open = any(
+            item.name == "read_file" and not item.text.startswith("[file view evicted") for item in view.items
+        )
+        calls = []
+        if views_open and "evict_file_view" in view.tools:
+            calls.append(Call("evict_file_view"))
+        if rounds and "archive_thread" in view.tools:
+            calls.append(Call("archive_thread", {"ranges": [[1, max(rounds)]]}))
+        if calls:
+            return render_action(calls, prose=facts_block(plan.facts))
+    return render_action(plan.calls)
+
+
+def file_manager(view: View, plan: Plan) -> str:
+    """Past the threshold: rewrite the context file as one user note holding the facts. Otherwise the task
+    action."""
+    if _due(view) and "shell" in view.tools:
+        note = facts_block(plan.facts)
+        command = f"cat > {view.context_file} <<'EOF'\n[[CTX_TURN 1 role=user]]\n{note}\nEOF"
+        return render_action([Call("shell", {"command": command})])
+    return render_action(plan.calls)
