@@ -18,7 +18,7 @@ echo "[test] mypy src/ctxrl"
 "$VENV/bin/mypy"
 echo "[test] pytest"
 set +e
-"$VENV/bin/python" -m pytest "$@"
+"$VENV/bin/python" -m pytest --durations=15 "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then
