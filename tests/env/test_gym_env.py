@@ -62,7 +62,8 @@ def test_episode_rewards_and_info(tiny_tokenizer: Any, tmp_path: Path) -> None:
     assert (reward, terminated, truncated) == (0.0, False, False)
     assert "<tool_response>" in obs and info["readout"]
     obs, reward, terminated, truncated, info = env.step("<tool_call>{broken</tool_call>")
-    assert "[receipt] format error" in info["messages"][-1]["content"]
+    assert "[context] rejected by rule format: the call is not valid JSON" in info["messages"][-1]["content"]
+    assert info["receipt_kinds"] == ["rejected"]
     obs, reward, terminated, truncated, info = env.step(_call("submit", answer="definitely wrong"))
     assert terminated and not truncated and reward == 0.0
     assert info["success"] is False and info["cost"]["prompt_tokens_total"] > 0

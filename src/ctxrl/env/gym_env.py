@@ -34,13 +34,14 @@ from ctxrl.env.actions import FORMAT_ERROR_TOOL, parse_tool_calls
 from ctxrl.env.config import HarnessConfig
 from ctxrl.env.context import ChatTemplateCounter, ToolCall, canonical_json
 from ctxrl.env.harness import Action, CallOutcome, Episode, Harness, Mode
+from ctxrl.env.modes.common import format_outcome
 from ctxrl.env.sandbox import Sandbox
 from ctxrl.env.skills import DEFAULT_SKILLS, system_prompt
 from ctxrl.env.tasks.base import Task, TaskSource
 from ctxrl.errors import UsageError
 
 MODES = ("file", "tools", "usage", "harness", "append")
-FORMAT_RECEIPT = '[receipt] format error: {error}. Write each call as <tool_call>{{"name": ..., "arguments": {{...}}}}</tool_call>.'
+CALL_SYNTAX = 'write each call as <tool_call>{"name": ..., "arguments": {...}}</tool_call>'
 
 
 class PromptSpace(gym.spaces.Space[str]):
@@ -92,7 +93,8 @@ class TaskToolsMode:
 
     def run_call(self, call: ToolCall, episode: Episode) -> CallOutcome:
         if call.name == FORMAT_ERROR_TOOL:
-            return CallOutcome(FORMAT_RECEIPT.format(error=call.args().get("error", "malformed tool call")))
+            error = call.args().get("error", "malformed tool call")
+            return format_outcome("a tool", f"{error}; {CALL_SYNTAX}", episode.context)
         spec = self._task_tools.get(call.name)
         if spec is None:
             return self.inner.run_call(call, episode)
