@@ -40,9 +40,11 @@ def make(
     name: str = "harness",
     *,
     budget: int = 32000,
+    tools_with_pressure: bool = False,
     **pressure: Any,
 ) -> Harness:
-    modes = ModesConfig(tools=ToolsModeConfig(offer_pct=0.0), pressure=PressureConfig(**pressure))
+    tools = ToolsModeConfig(offer_pct=0.0, with_pressure=tools_with_pressure)
+    modes = ModesConfig(tools=tools, pressure=PressureConfig(**pressure))
     cfg = HarnessConfig(budget=budget, modes=modes, sandbox=SandboxConfig(backend="none"))
     harness = Harness(cfg, counter, make_mode(name, cfg), runner_factory=FakeRunner)
     harness.reset("You are an agent.", "Do the task.", tmp_path / "ws")
@@ -141,6 +143,19 @@ def test_pressure_runs_underneath_other_modes_only_when_enabled(
         assert any(STUB_RE.search(r) for r in results(on)), name
         assert not any(STUB_RE.search(r) for r in results(off)), name
         assert "read_overflow" in [t["function"]["name"] for t in on.tools]
+
+
+def test_tools_mode_runs_on_top_of_the_pressure_pass_by_default(
+    counter: ChatTemplateCounter, tmp_path: Path
+) -> None:
+    """Seed 000: the context tools sit on top of the automatic pass; ``tools.with_pressure`` is on by default."""
+    assert ToolsModeConfig().with_pressure and not PressureConfig().enabled
+    default = make(
+        counter, tmp_path / "default", "tools", enabled=False, keep_rounds=1, tools_with_pressure=True
+    )
+    for _ in range(2):
+        shell(default, "emit 700")
+    assert any(STUB_RE.search(r) for r in results(default))
 
 
 def test_extractive_summary_is_deterministic_and_bounded() -> None:

@@ -47,7 +47,7 @@ def make(
     **fields: Any,
 ) -> Harness:
     """A reset tools-mode harness whose context tools are offered from the start unless ``modes`` says otherwise."""
-    modes = modes or ModesConfig(tools=ToolsModeConfig(offer_pct=0.0))
+    modes = modes or ModesConfig(tools=ToolsModeConfig(with_pressure=False, offer_pct=0.0))
     cfg = HarnessConfig(modes=modes, sandbox=SandboxConfig(backend="none"), **fields)
     harness = Harness(cfg, counter, make_mode("tools", cfg), runner_factory=FakeRunner)
     harness.reset(SYSTEM, task, tmp_path / "ws")
@@ -184,7 +184,9 @@ def test_memory_only_stubs_say_the_body_cannot_be_restored(
     counter: ChatTemplateCounter, tmp_path: Path
 ) -> None:
     h = make(
-        counter, tmp_path, modes=ModesConfig(tools=ToolsModeConfig(offer_pct=0.0), storage="memory-only")
+        counter,
+        tmp_path,
+        modes=ModesConfig(tools=ToolsModeConfig(with_pressure=False, offer_pct=0.0), storage="memory-only"),
     )
     call(h, ("shell", {"command": "emit 2000"}))
     body = tool_turn(h, "call_1_0")
@@ -234,7 +236,11 @@ def test_note_longer_than_4000_characters_gets_a_format_receipt(h: Harness) -> N
 
 
 def test_pin_cap_and_unpin_all(counter: ChatTemplateCounter, tmp_path: Path) -> None:
-    h = make(counter, tmp_path, modes=ModesConfig(tools=ToolsModeConfig(offer_pct=0.0, max_pins=2)))
+    h = make(
+        counter,
+        tmp_path,
+        modes=ModesConfig(tools=ToolsModeConfig(with_pressure=False, offer_pct=0.0, max_pins=2)),
+    )
     call(h, *[("shell", {"command": f"echo result number {i}"}) for i in range(3)])
     result = call(h, ("context_pin", {"handles": ["r1.1", "r1.2", "r1.3"]}))
     assert "pin cap is reached (2/2)" in result.observations[0]
@@ -285,7 +291,11 @@ def test_status_lists_the_largest_results_with_handles(h: Harness) -> None:
 def test_offered_from_the_offer_round_and_then_stay_offered(
     counter: ChatTemplateCounter, tmp_path: Path
 ) -> None:
-    h = make(counter, tmp_path, modes=ModesConfig(tools=ToolsModeConfig(offer_pct=1.0, offer_round=3)))
+    h = make(
+        counter,
+        tmp_path,
+        modes=ModesConfig(tools=ToolsModeConfig(with_pressure=False, offer_pct=1.0, offer_round=3)),
+    )
     assert "context_drop" not in names(h)
     call(h, ("shell", {"command": "echo 1"}))
     assert "context_drop" not in names(h)
@@ -300,7 +310,7 @@ def test_offer_round_zero_means_usage_only(counter: ChatTemplateCounter, tmp_pat
     h = make(
         counter,
         tmp_path,
-        modes=ModesConfig(tools=ToolsModeConfig(offer_pct=0.2, offer_round=0)),
+        modes=ModesConfig(tools=ToolsModeConfig(with_pressure=False, offer_pct=0.2, offer_round=0)),
         budget=16000,
     )
     for i in range(3):
@@ -316,10 +326,17 @@ def test_offer_round_zero_means_usage_only(counter: ChatTemplateCounter, tmp_pat
     "task", ["Please free up your context first.", "Mind the context window.", "Use context_status often."]
 )
 def test_offered_when_the_user_asks(counter: ChatTemplateCounter, tmp_path: Path, task: str) -> None:
-    h = make(counter, tmp_path, task, modes=ModesConfig(tools=ToolsModeConfig(offer_pct=1.0, offer_round=0)))
+    h = make(
+        counter,
+        tmp_path,
+        task,
+        modes=ModesConfig(tools=ToolsModeConfig(with_pressure=False, offer_pct=1.0, offer_round=0)),
+    )
     assert "context_note" in names(h)
     other = make(
-        counter, tmp_path / "b", modes=ModesConfig(tools=ToolsModeConfig(offer_pct=1.0, offer_round=0))
+        counter,
+        tmp_path / "b",
+        modes=ModesConfig(tools=ToolsModeConfig(with_pressure=False, offer_pct=1.0, offer_round=0)),
     )
     assert "context_note" not in names(other)
 
@@ -335,7 +352,10 @@ def test_reminder_at_the_soft_ceiling_once_per_episode(counter: ChatTemplateCoun
 
 def test_disabled_tools_are_never_offered_and_refused(counter: ChatTemplateCounter, tmp_path: Path) -> None:
     h = make(
-        counter, tmp_path, "free up your context", modes=ModesConfig(tools=ToolsModeConfig(enabled=False))
+        counter,
+        tmp_path,
+        "free up your context",
+        modes=ModesConfig(tools=ToolsModeConfig(with_pressure=False, enabled=False)),
     )
     assert names(h) == ["shell", "read_overflow", "submit"]
     result = call(h, ("context_status", {}))

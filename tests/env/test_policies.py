@@ -81,10 +81,11 @@ def test_append_only_fails_where_context_binds(tokenizer: Any, tmp_path: Path) -
 
 
 def test_tools_manager_drops_results_and_keeps_facts(tokenizer: Any, tmp_path: Path) -> None:
-    results = _run("tools-manager", ["offload", "repo"], tokenizer, tmp_path)
+    """On top of the pressure pass (seed 000's default), the tools manager's drops keep a stream in budget."""
+    results = _run("tools-manager", ["retention", "offload", "repo"], tokenizer, tmp_path)
     assert all(r.success for r in results)
-    offload = [r for r in results if r.spec.family == "offload"]
-    assert all(r.edits > 0 and r.rollbacks == 0 for r in offload)
+    retention = [r for r in results if r.spec.family == "retention"]
+    assert all(r.edits > 0 for r in retention)
 
 
 def test_harness_policy_restates_its_facts(tokenizer: Any, tmp_path: Path) -> None:

@@ -29,6 +29,10 @@ class ToolsModeConfig:
     """Round from which the tools are offered whatever the usage; 0 means usage (and asking) only."""
     max_pins: int = 20
     """Pins the model may hold at once in one episode."""
+    with_pressure: bool = True
+    """Run the mid-turn pressure pass underneath, as seed 000 does: its tools sit on top of the automatic
+    pass and add nothing to it or remove nothing from it. Off: the tools alone (``pressure.enabled`` still
+    turns the pass on for every mode)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.offer_pct <= 1:

@@ -69,7 +69,7 @@ def make_mode(
     if name == "file":
         return ManagedFileMode(modes, underneath)
     if name == "tools":
-        return ToolsMode(modes, underneath)
+        return ToolsMode(modes, pressure if modes.tools.with_pressure else underneath)
     if name == "usage":
         return UsageMode(modes, underneath)
     if name == "harness":
