@@ -72,16 +72,21 @@ def run_quickstart(args: argparse.Namespace) -> int:
     """The CPU quickstart: every stage of the pipeline that exists, end to end, on the tiny model."""
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    print(f"[1/3] tiny model -> {out / 'model'}")
+    print(f"[1/4] tiny model -> {out / 'model'}")
     model_dir = ensure_tiny_model(out / "model", seed=args.seed)
-    print(f"[2/3] rollouts of the tiny model on the {args.engine} engine (ctxrl rollout)")
+    print("[2/4] scripted reference policies on dev tasks: append-only vs the file-mode manager (ctxrl eval)")
+    _run_subcommand(
+        ["eval", "--policy", "append", "file-manager", "--families", "retention", "board",
+         "--episodes", "3", "--split", "dev", "--out", str(out / "eval")]
+    )  # fmt: skip
+    print(f"[3/4] rollouts of the tiny model on the {args.engine} engine (ctxrl rollout)")
     rollout_dir = out / "rollout"
     _run_subcommand(
         ["rollout", "--engine", args.engine, "--model", str(model_dir), "--out", str(rollout_dir),
          "--families", "retention,board", "--tasks", "2", "--group-size", "4", "--max-steps", "6",
          "--max-new-tokens", "64", "--seed", str(args.seed)]
     )  # fmt: skip
-    print("[3/3] advantages per group (success first; cost re-ranks successes, on edit tokens only)")
+    print("[4/4] advantages per group (success first; cost re-ranks successes, on edit tokens only)")
     for line in advantage_report(rollout_dir / "trajectories.jsonl"):
         print(line)
     print(f"done. run folder: {out}")
