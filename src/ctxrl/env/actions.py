@@ -23,7 +23,13 @@ FORMAT_ERROR_TOOL = "invalid_tool_call"
 """Reserved tool name carrying a malformed call; its arguments are ``{"error": ..., "text": ...}``."""
 
 _EOS_MARKERS = ("<|im_end|>", "<|endoftext|>")
-_BLOCK = re.compile(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|$)", re.DOTALL)
+_BLOCK = re.compile(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|\Z)", re.DOTALL)
+
+
+def call_blocks(text: str) -> list[tuple[int, int, str, bool]]:
+    """``(start, end, body, closed)`` of every ``<tool_call>`` block of ``text``, in order; an unclosed last
+    block runs to the end of the text. The one reader of tool-call markup (edit masks use it too)."""
+    return [(m.start(), m.end(), m.group(1), m.group(0).endswith(CLOSE)) for m in _BLOCK.finditer(text)]
 
 
 def _format_error(error: str, text: str) -> ToolCall:
@@ -70,11 +76,10 @@ def parse_tool_calls(text: str) -> tuple[str, tuple[ToolCall, ...]]:
     calls: list[ToolCall] = []
     prose: list[str] = []
     pos = 0
-    for match in _BLOCK.finditer(text):
-        prose.append(text[pos : match.start()])
-        closed = match.group(0).endswith(CLOSE)
-        calls.append(_parse_call(match.group(1).strip(), closed))
-        pos = match.end()
+    for start, end, body, closed in call_blocks(text):
+        prose.append(text[pos:start])
+        calls.append(_parse_call(body.strip(), closed))
+        pos = end
     prose.append(text[pos:])
     stray_close = "".join(prose).count(CLOSE)
     if stray_close:

@@ -18,20 +18,16 @@ Settings:
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ctxrl.env.actions import call_blocks
 from ctxrl.errors import ConfigError
 
 __all__ = ["MaskSetting", "ToolCallSpan", "edit_mask", "parse_tool_calls", "token_char_spans"]
 
 MaskSetting = Literal["edit_only_turns", "edit_tokens"]
-
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
-_CALL_RE = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)(?:" + re.escape(TOOL_CALL_CLOSE) + r"|\Z)", re.S)
 
 
 @dataclass(frozen=True)
@@ -51,15 +47,15 @@ def parse_tool_calls(text: str) -> list[ToolCallSpan]:
     [ToolCallSpan(start=3, end=67, name='context_drop')]
     """
     calls = []
-    for match in _CALL_RE.finditer(text):
+    for start, end, raw, _ in call_blocks(text):
         name = None
         try:
-            body = json.loads(match.group(1))
+            body = json.loads(raw)
         except ValueError:
             body = None
         if isinstance(body, dict) and isinstance(body.get("name"), str):
             name = body["name"]
-        calls.append(ToolCallSpan(match.start(), match.end(), name))
+        calls.append(ToolCallSpan(start, end, name))
     return calls
 
 
