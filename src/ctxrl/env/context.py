@@ -181,13 +181,14 @@ class ChatTemplateCounter:
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self._cache: dict[Turn, int] = {}
         self._cache_size = cache_size
-        self._anchor_tokens = self._count_text(self._render([self._ANCHOR]))
+        self._anchor_tokens = self.count_text(self._render([self._ANCHOR]))
 
     def _render(self, messages: list[dict[str, Any]], **kwargs: Any) -> str:
         text: str = self.tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
         return text
 
-    def _count_text(self, text: str) -> int:
+    def count_text(self, text: str) -> int:
+        """Tokens of ``text`` on its own (no special tokens added)."""
         # The Rust backend directly: no max-length warning for long turns, and faster than __call__.
         if self._backend is not None:
             return len(self._backend.encode(text, add_special_tokens=False).ids)
@@ -195,7 +196,7 @@ class ChatTemplateCounter:
 
     def count_prefix(self, system_prompt: str, task: str, tools: Sequence[Mapping[str, Any]] | None) -> int:
         messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": task}]
-        return self._count_text(
+        return self.count_text(
             self._render(messages, tools=list(tools) if tools else None, add_generation_prompt=True)
         )
 
@@ -203,7 +204,7 @@ class ChatTemplateCounter:
         cached = self._cache.get(turn)
         if cached is not None:
             return cached
-        n = self._count_text(self._render([self._ANCHOR, turn_to_message(turn)])) - self._anchor_tokens
+        n = self.count_text(self._render([self._ANCHOR, turn_to_message(turn)])) - self._anchor_tokens
         if len(self._cache) >= self._cache_size:
             del self._cache[next(iter(self._cache))]  # oldest first: dicts keep insertion order
         self._cache[turn] = n

@@ -213,10 +213,7 @@ class ContextEnv(gym.Env[str, str]):
         """The user's harness config if given, else :func:`task_harness_config` for this tokenizer."""
         if self.base_config is not None:
             return self.base_config
-        return task_harness_config(task, self._count_text)
-
-    def _count_text(self, text: str) -> int:
-        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return task_harness_config(task, self.counter.count_text)
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
