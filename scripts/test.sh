@@ -2,7 +2,7 @@
 # bash scripts/test.sh [PYTEST ARGS...]
 #
 # Sets up .venv (scripts/setup.sh), then runs the checks CI runs: ruff (lint + format check), mypy on
-# src/ctxrl, and the whole pytest suite — every test that can run on a CPU, real vLLM included; only
+# src/ctxrl, the import-linter layer contract, and the whole pytest suite — every test that can run on a CPU, real vLLM included; only
 # `gpu` tests skip without CUDA.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +16,8 @@ echo "[test] ruff format --check"
 "$VENV/bin/ruff" format --check src tests
 echo "[test] mypy src/ctxrl"
 "$VENV/bin/mypy"
+echo "[test] lint-imports (the layers: env < rewards < train < evolve < commands < cli)"
+"$VENV/bin/lint-imports"
 echo "[test] pytest"
 set +e
 "$VENV/bin/python" -m pytest --durations=15 "$@"

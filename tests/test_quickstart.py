@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ctxrl.cli_commands import advantage_report
+from ctxrl.commands.quickstart import advantage_report
 from ctxrl.train.trajectory import EpisodeRecord, StepCost, StepRecord, save_trajectories
 
 

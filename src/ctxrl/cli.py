@@ -3,35 +3,31 @@
     ctxrl --help
     ctxrl tiny-model --out runs/tiny
     ctxrl quickstart
+    ctxrl rollout --config configs/rollout.yaml [KEY=VALUE ...] --out runs/r1
+    ctxrl eval --config configs/eval_scripted.yaml [KEY=VALUE ...] --out runs/eval
     ctxrl bench NAME [--json FILE]
 
+This module parses and dispatches; every subcommand's implementation lives in :mod:`ctxrl.commands`.
 Start-up must stay instant: this module imports only the standard library. Each subcommand names the
 function that runs it as ``"module:function"`` and imports it only when called, so torch, transformers
-and vLLM load only in the subcommand that needs them.
+and vLLM load only in the subcommand that needs them. Everything that is configuration comes from the run
+config (``--config`` plus ``key=value``); flags are only paths, ``--json`` and ``--overwrite``.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-# Benchmarks: name -> ("module:function", one-line help). The function takes the parsed arguments and
-# returns a flat {metric name: number} dict; the CLI prints it as a table and writes it with --json.
-BENCHMARKS: dict[str, tuple[str, str]] = {
-    "harness": ("ctxrl.env.bench:bench_harness", "per-step harness overhead and sandbox overhead"),
-    "env": (
-        "ctxrl.env.runner:bench_env",
-        "episodes per second of the batched runner with the scripted policies",
-    ),
-    "rollout": (
-        "ctxrl.train.rollout_bench:bench_rollout",
-        "rollout throughput of the vllm and hf engines on multi-turn episodes past 4k tokens",
-    ),
+# Benchmarks: name -> one-line help. Their implementations are ctxrl.commands.bench.BENCHMARKS.
+BENCHMARKS: dict[str, str] = {
+    "harness": "per-step harness overhead and sandbox overhead",
+    "env": "episodes per second of the rollout loop with the scripted policies",
+    "rollout": "rollout throughput of the vllm and hf engines on multi-turn episodes past 4k tokens",
 }
 
 
@@ -48,89 +44,73 @@ def resolve(target: str) -> Callable[..., Any]:
     return fn
 
 
+def _add_run_config(p: argparse.ArgumentParser) -> None:
+    """The run config of a subcommand: a YAML file and ``key=value`` overrides (ctxrl.commands.config)."""
+    p.add_argument(
+        "--config", type=Path, default=None, help="run config YAML (default: the schema's defaults)"
+    )
+    p.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. rollout.group_size=8"
+    )
+
+
+def _add_out(p: argparse.ArgumentParser, default: str | None) -> None:
+    help_text = f"run folder (default {default})" if default else "write the results into this folder"
+    p.add_argument("--out", type=Path, default=Path(default) if default else None, help=help_text)
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+
+
 def _add_tiny_model(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("tiny-model", help="build the tiny offline model + tokenizer into a folder")
     p.add_argument("--out", required=True, type=Path, help="output folder (must be empty unless --force)")
     p.add_argument("--seed", type=int, default=0, help="seed of corpus, tokenizer and weights (default 0)")
     p.add_argument("--force", action="store_true", help="replace a non-empty --out")
-    p.set_defaults(run="ctxrl.cli_commands:run_tiny_model")
+    p.set_defaults(run="ctxrl.commands.tiny:run_tiny_model")
 
 
 def _add_quickstart(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "quickstart", help="the CPU quickstart: everything that exists, end to end, on the tiny model"
     )
+    _add_out(p, "runs/quickstart")
     p.add_argument(
-        "--out", type=Path, default=Path("runs/quickstart"), help="run folder (default runs/quickstart)"
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="overrides of the rollout stage, e.g. engine.name=hf",
     )
-    p.add_argument(
-        "--engine", choices=("vllm", "hf"), default="vllm", help="generation engine (default vllm)"
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
-    p.set_defaults(run="ctxrl.cli_commands:run_quickstart")
+    p.set_defaults(run="ctxrl.commands.quickstart:run_quickstart")
 
 
 def _add_bench(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("bench", help="benchmarks: print a table, optionally write flat JSON")
-    bsub = p.add_subparsers(dest="bench", metavar="NAME", required=True)
-    for name, (target, help_text) in BENCHMARKS.items():
+    bsub = p.add_subparsers(dest="bench", metavar="NAME", required=True, parser_class=_Parser)
+    for name, help_text in BENCHMARKS.items():
         b = bsub.add_parser(name, help=help_text)
         b.add_argument("--json", type=Path, default=None, help="write {metric: number} JSON to this file")
         b.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run, noisier figures)")
-        b.set_defaults(run="ctxrl.cli:_run_bench", bench_target=target)
+        b.set_defaults(run="ctxrl.commands.bench:run_bench")
 
 
 def _add_rollout(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("rollout", help="run a policy on built-in tasks and write its trajectories (JSONL)")
-    p.add_argument("--out", type=Path, default=Path("runs/rollout"), help="run folder (default runs/rollout)")
+    _add_run_config(p)
+    _add_out(p, "runs/rollout")
     p.add_argument(
-        "--model", default=None, help="model folder (default: the tiny model, built into OUT/model)"
+        "--model", type=Path, default=None, help="model folder (sets model=; default: the tiny model)"
     )
-    p.add_argument(
-        "--engine",
-        choices=("vllm", "hf", "vllm-server", "scripted"),
-        default="vllm",
-        help="engine (default vllm)",
-    )
-    p.add_argument("--server-url", default=None, help="vllm-server: a running server (default: start one)")
-    p.add_argument(
-        "--policy", default=None, help="scripted: MODULE:FUNCTION(tokenizer) -> policy (default: a probe)"
-    )
-    p.add_argument("--families", default=None, help="comma-separated task families (default: all)")
-    p.add_argument(
-        "--mode", default="file", help="context mode: file, tools, usage, harness, append (default file)"
-    )
-    p.add_argument("--split", default="train", help="task split: train, dev, test (default train)")
-    p.add_argument("--difficulty", default="default", help="easy, default or hard (default default)")
-    p.add_argument("--tasks", type=int, default=4, help="number of tasks (default 4)")
-    p.add_argument("--group-size", type=int, default=4, help="episodes per task, G (default 4)")
-    p.add_argument("--max-steps", type=int, default=None, help="task steps per episode (default: the task's)")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="tokens per action (default 256)")
-    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default 0.7)")
-    p.add_argument("--top-p", type=float, default=0.95, help="nucleus mass (default 0.95)")
-    p.add_argument("--max-model-len", type=int, default=8192, help="engine's longest sequence (default 8192)")
-    p.add_argument("--workers", type=int, default=8, help="environment threads (default 8)")
-    p.add_argument("--seed", type=int, default=0, help="engine and tiny-model seed (default 0)")
-    p.add_argument("--keep-workspaces", action="store_true", help="keep episode workspaces under OUT")
-    p.set_defaults(run="ctxrl.train.rollout_cli:run_rollout")
+    p.set_defaults(run="ctxrl.commands.rollout:run_rollout")
 
 
 def _add_eval(sub: argparse._SubParsersAction[Any]) -> None:
-    p = sub.add_parser("eval", help="run scripted policies on task families; print and save a results table")
-    p.add_argument(
-        "--policy",
-        nargs="+",
-        default=["all"],
-        help="scripted policies: append, harness, tools-manager, usage-manager, file-manager, or all (default all)",
+    p = sub.add_parser(
+        "eval", help="run scripted policies (engine.name=scripted) or a model on every family; print a table"
     )
-    p.add_argument("--families", nargs="+", default=None, help="task families (default: all)")
-    p.add_argument("--split", default="test", help="task split: train, dev, test (default test)")
-    p.add_argument("--episodes", type=int, default=10, help="episodes per family and policy (default 10)")
-    p.add_argument("--difficulty", default="default", help="easy, default or hard (default default)")
-    p.add_argument("--out", type=Path, default=None, help="write eval.json and eval.md into this folder")
+    _add_run_config(p)
+    _add_out(p, None)
+    p.add_argument("--model", type=Path, default=None, help="model folder (sets model=)")
     p.add_argument("--json", type=Path, default=None, help="write flat {metric: number} JSON to this file")
-    p.add_argument("--workers", type=int, default=4, help="environment threads (default 4)")
-    p.set_defaults(run="ctxrl.env.eval_cli:run_eval")
+    p.set_defaults(run="ctxrl.commands.eval:run_eval")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -143,8 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_quickstart(sub)
     _add_eval(sub)
     _add_rollout(sub)
-    if BENCHMARKS:
-        _add_bench(sub)
+    _add_bench(sub)
     return parser
 
 
@@ -154,28 +133,26 @@ def _version() -> str:
     return __version__
 
 
-def _run_bench(args: argparse.Namespace) -> int:
-    metrics: dict[str, float] = resolve(args.bench_target)(args)
-    width = max(len(k) for k in metrics)
-    print(f"{'metric':<{width}}  value")
-    for key, value in metrics.items():
-        print(f"{key:<{width}}  {value:.4g}")
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({k: float(v) for k, v in metrics.items()}, indent=2) + "\n")
-        print(f"wrote {args.json}")
-    return 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit status."""
     from ctxrl.errors import CtxrlError
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # KEY=VALUE overrides may come before or after the options: argparse leaves the later ones over.
+    stray = [a for a in extra if a.startswith("-") or not hasattr(args, "overrides")]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     try:
         return int(resolve(args.run)(args) or 0)
     except CtxrlError as exc:
         print(f"ctxrl {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a file-system problem the command did not name itself
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"ctxrl {args.command}: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"ctxrl {args.command}: interrupted", file=sys.stderr)

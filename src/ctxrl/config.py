@@ -3,7 +3,7 @@
 A config class is a (frozen) dataclass whose fields carry the defaults; YAML files and command-line
 overrides only override fields. ``load_config(cls, source, overrides)`` builds an instance:
 
-    cfg = load_config(HarnessConfig, "configs/harness.yaml", ["budget=16000", "sandbox.timeout_s=10"])
+    cfg = load_config(RunConfig, "configs/rollout.yaml", ["harness.budget=16000", "rollout.group_size=8"])
 
 Contract:
 
@@ -57,12 +57,19 @@ def _read_source(source: Mapping[str, Any] | str | Path | None) -> dict[str, Any
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+        raise ConfigError(f"{path} is not valid YAML: {_yaml_problem(exc)}") from None
     if loaded is None:
         return {}
     if not isinstance(loaded, Mapping):
         raise ConfigError(f"{path} must hold a mapping of config keys, not a {type(loaded).__name__}")
     return _deep_copy_mapping(loaded)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's multi-line message as one line: the problem and where (line and column, 1-based)."""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    mark = getattr(exc, "problem_mark", None)
+    return f"{problem} (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else problem
 
 
 def _deep_copy_mapping(data: Mapping[str, Any]) -> dict[str, Any]:

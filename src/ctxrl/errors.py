@@ -34,3 +34,7 @@ class SandboxError(CtxrlError):
 
 class TaskError(CtxrlError):
     """A task is invalid or cannot be made: unknown family, seed outside its split, malformed task file."""
+
+
+class BenchError(CtxrlError):
+    """A benchmark could not measure what it claims to (e.g. the workload did not reach its size)."""

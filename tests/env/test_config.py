@@ -25,11 +25,6 @@ def test_defaults_are_the_reference_implementations() -> None:
     assert cfg.gate == "fit" and cfg.monitor
 
 
-def test_harness_yaml_loads() -> None:
-    cfg = load_config(HarnessConfig, CONFIGS / "harness.yaml")
-    assert isinstance(cfg, HarnessConfig) and cfg.budget == 32000
-
-
 def test_overrides_and_nested_sections(tmp_path: Path) -> None:
     path = tmp_path / "h.yaml"
     path.write_text("budget: 16000\nsandbox:\n  timeout_s: 5\n")

@@ -11,7 +11,8 @@ import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from ctxrl.env.gym_env import MODES, ContextEnv, register_envs
+from ctxrl.env.gym_env import ContextEnv, register_envs
+from ctxrl.env.modes import MODE_NAMES as MODES
 from ctxrl.env.tasks.registry import FAMILIES
 
 
@@ -66,7 +67,9 @@ def test_episode_rewards_and_info(tiny_tokenizer: Any, tmp_path: Path) -> None:
     assert info["receipt_kinds"] == ["rejected"]
     obs, reward, terminated, truncated, info = env.step(_call("submit", answer="definitely wrong"))
     assert terminated and not truncated and reward == 0.0
-    assert info["success"] is False and info["cost"]["prompt_tokens_total"] > 0
+    assert info["success"] is False and info["verdict"]
+    # token in, token out: the action's ids end with the stop token, and the next prompt extends the last
+    assert info["action_ids"][-1] == tiny_tokenizer.eos_token_id
     env.close()
 
 
@@ -80,9 +83,9 @@ def test_registered_ids_make_envs(tiny_tokenizer: Any, tmp_path: Path) -> None:
 
 
 def test_bad_input_errors(tiny_tokenizer: Any) -> None:
-    from ctxrl.errors import UsageError
+    from ctxrl.errors import ConfigError, UsageError
 
     with pytest.raises(UsageError, match="unknown task family"):
         ContextEnv("nope", tokenizer=tiny_tokenizer)
-    with pytest.raises(UsageError, match="unknown mode"):
+    with pytest.raises(ConfigError, match="unknown mode 'yolo'; modes: file, tools, usage, harness, append"):
         ContextEnv("retention", "yolo", tokenizer=tiny_tokenizer)

@@ -1,24 +1,28 @@
 """Scripted reference policies: they solve the tasks by managing their context, append-only fails, they act
-only on what is in view, and the batched runner gives the same results whatever its pool size."""
+only on the prompt text, and the rollout loop gives the same results whatever its pool size."""
 
 from __future__ import annotations
 
 import json
-import warnings
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from ctxrl.env.gym_env import ContextEnv, load_tokenizer
-from ctxrl.env.policies import POLICY_MODES, Call, Plan, make_policy, managers, read_view
+from ctxrl.commands.common import scripted_policy
+from ctxrl.commands.eval import episode_row
+from ctxrl.env.gym_env import ContextEnv
+from ctxrl.env.policies import POLICY_MODES, Call, Plan, make_policy, managers, read_prompt, read_view
 from ctxrl.env.policies.managers import THRESHOLD
 from ctxrl.env.policies.solvers import board, repo, retention
-from ctxrl.env.runner import EpisodeResult, EpisodeSpec, PolicyActor, run_episodes
 from ctxrl.env.tasks.registry import FAMILIES, make_task
 from ctxrl.env.tasks.splits import split_seeds
+from ctxrl.env.tokenizer import load_tokenizer
 from ctxrl.errors import UsageError
+from ctxrl.train.engines import EngineConfig, SamplingConfig, make_engine
+from ctxrl.train.rollout import RolloutConfig, rollout
 
 SEEDS = list(split_seeds("test", 3))
 CONTEXT_BOUND = ("retention", "board", "offload", "research")
@@ -30,29 +34,32 @@ def tokenizer() -> Any:
     return load_tokenizer(None)
 
 
-@pytest.fixture(autouse=True)
-def _quiet() -> Any:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # the sandbox's fallback backend warns by design
-        yield
-
-
-def _run(policy: str, families: list[str], tokenizer: Any, tmp_path: Path) -> list[EpisodeResult]:
-    specs = [EpisodeSpec(f, POLICY_MODES[policy], seed) for f in families for seed in SEEDS]
-    return run_episodes(
-        specs, PolicyActor(make_policy(policy)), workers=2, tokenizer=tokenizer, workdir=tmp_path
+def _records(policy: str, tasks: list[Any], tokenizer: Any, tmp_path: Path, workers: int = 2) -> list[Any]:
+    """The episodes of ``policy`` on ``tasks``, through the rollout loop on the scripted engine."""
+    engine = make_engine(
+        EngineConfig(name="scripted"), tokenizer=tokenizer, policy=scripted_policy(policy, tokenizer)
     )
+    config = RolloutConfig(group_size=1, mode=POLICY_MODES[policy], workers=workers)
+    result = rollout(
+        engine, tokenizer, tasks, config, workdir=tmp_path, sampling=SamplingConfig(max_new_tokens=8192)
+    )
+    return result.episodes
+
+
+def _run(policy: str, families: list[str], tokenizer: Any, tmp_path: Path) -> list[Any]:
+    tasks = [make_task(f, seed, split="test") for f in families for seed in SEEDS]
+    return [SimpleNamespace(**episode_row(ep)) for ep in _records(policy, tasks, tokenizer, tmp_path)]
 
 
 def _play(policy: str, task: Any, tokenizer: Any, tmp_path: Path) -> tuple[list[str], list[dict[str, Any]]]:
     """One episode on ``task``: the actions and the step infos."""
     pol = make_policy(policy)
     env = ContextEnv(task.family, pol.mode, split="test", tokenizer=tokenizer, workdir=tmp_path)
-    _, info = env.reset(options={"task": task})
     actions, infos = [], []
+    obs, _ = env.reset(options={"task": task})
     while True:
-        actions.append(pol(info["messages"], info["tools"]))
-        _, _, terminated, truncated, info = env.step(actions[-1])
+        actions.append(pol(obs))
+        obs, _, terminated, truncated, info = env.step(actions[-1])
         infos.append(info)
         if terminated or truncated:
             env.close()
@@ -66,14 +73,14 @@ def test_good_managers_solve_every_family(policy: str, tokenizer: Any, tmp_path:
     assert not failed
     for r in results:
         assert r.rollbacks == 0
-        if r.spec.family in CONTEXT_BOUND:
+        if r.family in CONTEXT_BOUND:
             assert r.edits > 0 and r.receipts["applied"] == r.edits  # it managed, and every edit applied
 
 
 def test_append_only_fails_where_context_binds(tokenizer: Any, tmp_path: Path) -> None:
     results = _run("append", list(FAMILIES), tokenizer, tmp_path)
     for r in results:
-        if r.spec.family in CONTEXT_BOUND:
+        if r.family in CONTEXT_BOUND:
             assert not r.success and r.reason == "overflow", r.task_id
         else:  # repo: grep + a 22-line read fit the budget, so append-only succeeds (a known property)
             assert r.success, r.task_id
@@ -84,7 +91,7 @@ def test_tools_manager_drops_results_and_keeps_facts(tokenizer: Any, tmp_path: P
     """On top of the pressure pass (seed 000's default), the tools manager's drops keep a stream in budget."""
     results = _run("tools-manager", ["retention", "offload", "repo"], tokenizer, tmp_path)
     assert all(r.success for r in results)
-    retention = [r for r in results if r.spec.family == "retention"]
+    retention = [r for r in results if r.family == "retention"]
     assert all(r.edits > 0 for r in retention)
 
 
@@ -128,35 +135,53 @@ def test_policies_never_read_metadata(family: str, policy: str, tokenizer: Any, 
     assert seen == blind and infos[-1]["success"]
 
 
-def test_runner_is_deterministic_across_pool_sizes(tokenizer: Any, tmp_path: Path) -> None:
-    specs = [EpisodeSpec(f, "file", seed) for f in ("board", "repo", "research") for seed in SEEDS[:2]]
-    actor = PolicyActor(make_policy("file-manager"))
-    one = run_episodes(specs, actor, workers=1, max_live=1, tokenizer=tokenizer, workdir=tmp_path / "1")
-    many = run_episodes(specs, actor, workers=3, max_live=6, tokenizer=tokenizer, workdir=tmp_path / "3")
+def test_policies_see_only_the_prompt_text(tokenizer: Any, tmp_path: Path) -> None:
+    """A policy's input is the prompt text: its view of it equals the view of the structured messages in
+    everything but the call ids, which the chat template does not render (so no policy can use them)."""
+    env = ContextEnv("offload", "tools", split="test", tokenizer=tokenizer, workdir=tmp_path)
+    obs, info = env.reset(options={"task_seed": SEEDS[0]})
+    pol = make_policy("tools-manager")
+    for _ in range(6):
+        obs, _, _, _, info = env.step(pol(obs))
+    from_text, from_messages = read_prompt(obs), read_view(info["messages"], info["tools"])
+    assert [(i.role, i.text, i.name) for i in from_text.items] == [
+        (i.role, i.text, i.name) for i in from_messages.items
+    ]
+    assert (from_text.task, from_text.tools, from_text.tokens) == (
+        from_messages.task,
+        from_messages.tools,
+        from_messages.tokens,
+    )
+    ids = {cid for item in from_text.items for cid, _ in item.calls}
+    assert ids and all(cid.startswith("c") for cid in ids)  # positional, not the harness's call_<step>_<i>
+    harness_ids = {i.call_id for i in from_messages.items if i.call_id}
+    assert harness_ids and not ids & harness_ids  # the template renders no call ids; none reach a policy
+    env.close()
 
-    def same(result: EpisodeResult) -> dict[str, Any]:
+
+def test_rollout_is_deterministic_across_pool_sizes(tokenizer: Any, tmp_path: Path) -> None:
+    tasks = [make_task(f, seed, split="test") for f in ("board", "repo", "research") for seed in SEEDS[:2]]
+    one = _records("file-manager", tasks, tokenizer, tmp_path / "1", workers=1)
+    many = _records("file-manager", tasks, tokenizer, tmp_path / "3", workers=3)
+
+    def same(ep: Any) -> dict[str, Any]:
         # The repo verifier's detail quotes unittest's wall time ("Ran 14 tests in 0.004s"); not an observation.
-        return {k: v for k, v in result.to_dict().items() if k != "verdict"}
+        return {k: v for k, v in ep.to_dict().items() if k != "verdict"}
 
     assert [same(r) for r in one] == [same(r) for r in many]
-    assert [r.spec for r in one] == specs
-
-
-def test_runner_rejects_a_short_batch(tokenizer: Any, tmp_path: Path) -> None:
-    class Lazy:
-        def act(self, batch: Any) -> list[str]:
-            return []
-
-    with pytest.raises(ValueError, match="returned 0 actions for 1 prompts"):
-        run_episodes([EpisodeSpec("repo", "append", SEEDS[0])], Lazy(), workers=1, tokenizer=tokenizer)
+    assert [r.task_id for r in one] == [t.task_id for t in tasks]
 
 
 def test_unknown_policy_and_unknown_task_are_clear_errors() -> None:
     with pytest.raises(UsageError, match="unknown scripted policy 'greedy'"):
         make_policy("greedy")
-    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "do it"}]
+    tools = '{"type": "function", "function": {"name": "shell"}}'
+    prompt = (
+        f"<|im_start|>system\ns\n\n# Tools\n<tools>\n{tools}\n</tools>\nCall a tool<|im_end|>\n"
+        "<|im_start|>user\ndo it<|im_end|>\n<|im_start|>assistant\n"
+    )
     with pytest.raises(UsageError, match="knows only the built-in families"):
-        make_policy("append")(messages, [{"type": "function", "function": {"name": "shell"}}])
+        make_policy("append")(prompt)
 
 
 def test_view_reads_readout_signal_and_calls() -> None:
@@ -229,7 +254,7 @@ def test_usage_manager_evicts_views_and_archives_finished_turns() -> None:
         {"role": "user", "content": "Context Usage:\n- Overall: 80.0%"},
     ]
     tools = [{"type": "function", "function": {"name": n}} for n in ("evict_file_view", "archive_thread")]
-    action = managers.usage_manager(read_view(messages, tools), Plan((Call("run_tests"),), ("fact one",)))
+    action = managers.usage(read_view(messages, tools), Plan((Call("run_tests"),), ("fact one",)))
     assert action == "\n".join(
         [
             "[kept facts]\nfact one",
@@ -239,7 +264,7 @@ def test_usage_manager_evicts_views_and_archives_finished_turns() -> None:
     )
     # Below the threshold and without the usage block, the task action goes through unchanged.
     quiet = read_view(messages[:-1], tools)
-    assert managers.usage_manager(quiet, Plan((Call("run_tests"),))) == Call("run_tests").render()
+    assert managers.usage(quiet, Plan((Call("run_tests"),))) == Call("run_tests").render()
 
 
 def test_retention_keeps_the_first_value_unless_a_line_says_rotated() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from ctxrl.errors import ConfigError, EngineError, ModelLoadError
-from ctxrl.train.engines import Engine, Generation, SamplingConfig, make_engine
+from ctxrl.train.engines import Engine, EngineConfig, Generation, SamplingConfig, make_engine
 
 SAMPLED = SamplingConfig(temperature=1.0, top_p=0.95, max_new_tokens=24)
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=16, ignore_eos=True)
@@ -91,7 +91,7 @@ def test_make_engine_unknown_name_lists_the_names() -> None:
 
 
 def test_hf_engine_token_in_token_out(tiny_model_dir: Path, tiny_tokenizer: Any, hf_model: Any) -> None:
-    engine = make_engine("hf", tiny_model_dir, seed=3)
+    engine = make_engine(EngineConfig(name="hf", seed=3), tiny_model_dir)
     assert isinstance(engine, Engine)
     prompts = prompts_of(tiny_tokenizer)
     gens = engine.generate(prompts, SAMPLED)
@@ -102,7 +102,7 @@ def test_hf_engine_token_in_token_out(tiny_model_dir: Path, tiny_tokenizer: Any,
         assert len(gen.token_ids) <= SAMPLED.max_new_tokens
         assert_matches_forward(hf_model, prompt, gen)
     # seeded once at construction: a second engine with the same seed samples the same tokens
-    again = make_engine("hf", tiny_model_dir, seed=3).generate(prompts, SAMPLED)
+    again = make_engine(EngineConfig(name="hf", seed=3), tiny_model_dir).generate(prompts, SAMPLED)
     assert [g.token_ids for g in again] == [g.token_ids for g in gens]
 
     greedy = engine.generate(prompts, GREEDY)

@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 
 from ctxrl.env.config import HarnessConfig
+from ctxrl.env.episode import PromptBuilder
 from ctxrl.env.sandbox import SandboxConfig
 from ctxrl.env.tasks.registry import make_task
 from ctxrl.train.engines.base import Generation, SamplingConfig
 from ctxrl.train.engines.scripted import ScriptedEngine
-from ctxrl.train.rollout import PromptBuilder, RolloutConfig, RolloutResult, rollout
+from ctxrl.train.rollout import RolloutConfig, RolloutResult, rollout
 from ctxrl.train.trajectory import EpisodeRecord, load_trajectories, save_trajectories
 
 SAMPLED = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=32)
@@ -92,9 +93,18 @@ def assert_logprobs_match_forward(model: Any, result: RolloutResult) -> None:
 def short_rollout(engine: Any, tokenizer: Any, tmp_path: Path, **config: Any) -> RolloutResult:
     config.setdefault("group_size", 2)
     config.setdefault("max_steps", 4)
-    config.setdefault("sampling", SAMPLED)
+    sampling = config.pop("sampling", SAMPLED)
+    harness = HarnessConfig(sandbox=config.pop("sandbox")) if "sandbox" in config else None
     tasks = [make_task("retention", 3, "easy"), make_task("board", 4, "easy")][: config.pop("n_tasks", 2)]
-    return rollout(engine, tokenizer, tasks, RolloutConfig(**config), workdir=tmp_path / "ws")
+    return rollout(
+        engine,
+        tokenizer,
+        tasks,
+        RolloutConfig(**config),
+        workdir=tmp_path / "ws",
+        sampling=sampling,
+        harness=harness,
+    )
 
 
 # --------------------------------------------------------------------------------------- prompt builder
@@ -121,23 +131,19 @@ def test_incremental_prompt_equals_full_render_when_the_model_writes_the_templat
     ]
     prompt = builder.full(before, tools)
     canonical = [*builder.encode(call("shell", command="ls")), tiny_tokenizer.eos_token_id]
-    ids, reason = builder.extend(
-        prompt, Generation(canonical, [0.0] * len(canonical), "stop"), before, after, tools
-    )
+    ids, reason = builder.extend(prompt, canonical, True, before, after, tools)
     assert reason is None and ids == builder.full(after, tools)
 
     # what the model sampled stays as sampled, even where the template would write it differently
     sloppy = builder.encode(' <tool_call>{"name":"shell","arguments":{"command":"ls"}}</tool_call>')
-    ids, _ = builder.extend(prompt, Generation(sloppy, [0.0] * len(sloppy), "length"), before, after, tools)
+    ids, _ = builder.extend(prompt, sloppy, False, before, after, tools)
     assert ids is not None and ids[: len(prompt) + len(sloppy)] == prompt + sloppy
     assert builder.decode(ids[len(prompt) + len(sloppy) :]).startswith("<|im_end|>\n<|im_start|>tool\n")
     assert builder.decode(ids).endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n")
 
     # earlier history changed: no extension
     merged = [before[0], {"role": "user", "content": "task\nnote"}, assistant]
-    assert builder.extend(
-        prompt, Generation(canonical, [0.0] * len(canonical), "stop"), before, merged, tools
-    ) == (
+    assert builder.extend(prompt, canonical, True, before, merged, tools) == (
         None,
         "history",
     )
@@ -166,8 +172,15 @@ def scripted_file_policy(tokenizer: Any) -> Any:
 def scripted_result(tiny_tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> RolloutResult:
     engine = ScriptedEngine(scripted_file_policy(tiny_tokenizer), tiny_tokenizer, max_model_len=8192)
     tasks = [make_task("retention", 1, "easy")]
-    config = RolloutConfig(group_size=2, sampling=SamplingConfig(max_new_tokens=128))
-    return rollout(engine, tiny_tokenizer, tasks, config, workdir=tmp_path_factory.mktemp("scripted"))
+    config = RolloutConfig(group_size=2)
+    return rollout(
+        engine,
+        tiny_tokenizer,
+        tasks,
+        config,
+        workdir=tmp_path_factory.mktemp("scripted"),
+        sampling=SamplingConfig(max_new_tokens=128),
+    )
 
 
 def test_scripted_edit_rebuilds_the_prompt_and_masks_the_edit_call(
@@ -253,11 +266,18 @@ def test_vllm_prompt_at_max_model_len_ends_cleanly(
     harness = HarnessConfig(budget=4 * max_len, reserve=64, max_steps=8)  # the harness never overflows first
 
     def config(words: int, **fields: Any) -> RolloutConfig:
-        return RolloutConfig(group_size=1, skill="alpha " * words, harness=harness, **fields)
+        return RolloutConfig(group_size=1, skill="alpha " * words, task_budget=False, **fields)
 
     def first_prompt_len(words: int) -> int:
         probe = Recorder(ScriptedEngine(lambda ids: "", tiny_tokenizer, max_model_len=4 * max_len))
-        rollout(probe, tiny_tokenizer, [task], config(words, max_steps=1), workdir=tmp_path / "probe")
+        rollout(
+            probe,
+            tiny_tokenizer,
+            [task],
+            config(words, max_steps=1),
+            workdir=tmp_path / "probe",
+            harness=harness,
+        )
         return len(probe.calls[0][0][0])
 
     base = first_prompt_len(0)
@@ -269,8 +289,10 @@ def test_vllm_prompt_at_max_model_len_ends_cleanly(
         recorder,
         tiny_tokenizer,
         [task],
-        config(words, sampling=replace(SAMPLED, ignore_eos=True, max_new_tokens=64)),
+        config(words),
         workdir=tmp_path / "ws",
+        harness=harness,
+        sampling=replace(SAMPLED, ignore_eos=True, max_new_tokens=64),
     )
     [ep] = result.episodes
     assert ep.end_reason == "max_model_len" and not ep.success
@@ -295,9 +317,9 @@ def server(tiny_model_dir: Path) -> Iterator[Any]:
 def test_server_rollout_is_token_in_token_out(
     server: Any, tiny_tokenizer: Any, hf_model: Any, tmp_path: Path
 ) -> None:
-    from ctxrl.train.engines import make_engine
+    from ctxrl.train.engines import EngineConfig, make_engine
 
-    recorder = Recorder(make_engine("vllm-server", base_url=server.url))
+    recorder = Recorder(make_engine(EngineConfig(name="vllm-server", server_url=server.url)))
     result = short_rollout(recorder, tiny_tokenizer, tmp_path, max_steps=3, sandbox=SandboxConfig())
     assert all(ep.engine == "vllm-server" for ep in result.episodes)
     assert_token_in_token_out(result, recorder)
@@ -315,8 +337,8 @@ def test_cli_rollout_writes_trajectories_and_a_summary(
     from ctxrl.cli import main
 
     out = tmp_path / "run"
-    argv = ["rollout", "--engine", "scripted", "--model", str(tiny_model_dir), "--out", str(out)]
-    assert main([*argv, "--families", "retention,repo", "--tasks", "2", "--group-size", "2"]) == 0
+    argv = ["rollout", "engine.name=scripted", "--model", str(tiny_model_dir), "--out", str(out)]
+    assert main([*argv, "tasks.families=[retention,repo]", "tasks.count=2", "rollout.group_size=2"]) == 0
     episodes = load_trajectories(out / "trajectories.jsonl")
     assert [(ep.family, ep.group, ep.index) for ep in episodes] == [
         ("retention", 0, 0),
@@ -340,28 +362,14 @@ def test_cli_rollout_bad_input_is_one_line_exit_1(
 
     tokenizer_only = tmp_path / "tok"
     tiny_tokenizer.save_pretrained(tokenizer_only)
-    out = str(tmp_path / "run")
-    assert main(["rollout", "--engine", "hf", "--model", str(tokenizer_only), "--out", out]) == 1
+    out = tmp_path / "run"
+    assert main(["rollout", "engine.name=hf", "--model", str(tokenizer_only), "--out", str(out / "a")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a model folder" in err[0]
     url = f"http://127.0.0.1:{free_port()}"
-    assert (
-        main(
-            [
-                "rollout",
-                "--engine",
-                "vllm-server",
-                "--server-url",
-                url,
-                "--model",
-                str(tokenizer_only),
-                "--out",
-                out,
-            ]
-        )
-        == 1
-    )
+    server = ["engine.name=vllm-server", f"engine.server_url={url}", "engine.retries=0"]
+    assert main(["rollout", *server, "--model", str(tokenizer_only), "--out", str(out / "b")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cannot be reached" in err[0]
-    assert main(["rollout", "--engine", "scripted", "--families", "nope", "--out", out]) == 1
-    assert "unknown task family" in capsys.readouterr().err
+    assert main(["rollout", "engine.name=scripted", "tasks.families=[nope]", "--out", str(out / "c")]) == 1
+    assert "unknown family 'nope'" in capsys.readouterr().err

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from ctxrl.errors import EngineError
-from ctxrl.train.engines import Engine, SamplingConfig, make_engine
+from ctxrl.train.engines import Engine, EngineConfig, SamplingConfig, make_engine
 from ctxrl.train.engines.server import VLLMServer, VLLMServerEngine, free_port
 
 
@@ -44,7 +44,9 @@ def assert_matches_forward(
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path) -> Iterator[VLLMServer]:
     """The server, started through ``make_engine`` (so the engine owns it) and stopped by the engine's close."""
-    engine = make_engine("vllm-server", tiny_model_dir, max_model_len=4096, startup_timeout=180.0)
+    engine = make_engine(
+        EngineConfig(name="vllm-server", max_model_len=4096, startup_timeout_s=180.0), tiny_model_dir
+    )
     assert isinstance(engine, VLLMServerEngine) and engine.server is not None
     srv = engine.server
     pid = srv.pid
@@ -90,7 +92,7 @@ def test_silent_server_times_out_without_retrying() -> None:
 def test_server_multi_step_token_in_token_out_with_cache_hits(
     server: VLLMServer, tiny_tokenizer: Any, hf_model: Any
 ) -> None:
-    engine = make_engine("vllm-server", base_url=server.url)
+    engine = make_engine(EngineConfig(name="vllm-server", server_url=server.url))
     assert isinstance(engine, Engine) and engine.max_model_len == 4096
     # longer than two KV blocks (128 tokens each on this CPU build), so whole blocks get cached
     prompts = [

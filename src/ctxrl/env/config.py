@@ -1,7 +1,8 @@
 """``HarnessConfig``: the one typed config of the context harness (budget, nudges, rollback, steps, gate).
 
 Defaults are the reference implementation's (Context Language Models; see REFERENCES.md). Load overrides
-with ``ctxrl.config.load_config(HarnessConfig, "configs/harness.yaml", ["budget=16000"])``.
+with ``ctxrl.config.load_config(HarnessConfig, None, ["budget=16000"])``, or as the ``harness`` section of
+a run config (:mod:`ctxrl.commands.config`).
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ A step takes the model's assistant message (an :class:`Action`: text and tool ca
 through the harness's **mode**, appends the assistant turn and one result turn per call (output, receipt,
 budget readout, nudges, finalize notice), rolls back on overflow, and reports a :class:`StepResult`.
 
-Modes decide which tools the model gets and how a call is applied; counting, budget, rollback, receipts
-and step limits are shared. Only file mode exists now (:class:`FileMode`): the editable region is rendered
-to the context file before every shell command and parsed back after it, under the edit gate. ``submit``
+Modes decide which tools the model gets and how a call is applied (:class:`ctxrl.env.modes.base.Mode`;
+the registry is :mod:`ctxrl.env.modes`); counting, budget, rollback, receipts and step limits are shared.
+Without a mode the harness runs plain file mode (:class:`ctxrl.env.modes.file.FileMode`). ``submit``
 belongs to the harness and ends the episode in every mode.
 
 Step accounting: a step whose every call was an applied context edit that printed nothing and exited 0
@@ -20,33 +20,26 @@ is a free edit turn: it costs no task step (``max_steps``) but still counts agai
 
 from __future__ import annotations
 
-import errno
 import json
-import os
 import re
-import shutil
-import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from ctxrl.env import budget as bud
 from ctxrl.env.config import HarnessConfig
 from ctxrl.env.context import Context, TokenCounter, ToolCall, Turn, canonical_json, safe_identifier
-from ctxrl.env.ctxfile import parse_context, render_context
-from ctxrl.env.monitor import Flag, added_lines, scan
-from ctxrl.env.receipts import Receipt, judge_file_edit
-from ctxrl.env.sandbox import CommandResult, Sandbox, SandboxConfig
+from ctxrl.env.modes.base import SUBMIT, CallOutcome, CommandRunner, Episode, Mode, StepNotes
+from ctxrl.env.modes.file import FileMode
+from ctxrl.env.monitor import Flag, scan
+from ctxrl.env.receipts import Receipt
+from ctxrl.env.sandbox import Sandbox, SandboxConfig
 from ctxrl.errors import UsageError
 
-SUBMIT = "submit"
 NO_TOOL_CALL = "[harness] Your message has no tool call: call shell to run a command, or submit to answer."
-UNKNOWN_TOOL = "[harness] Unknown tool {name!r}; the tools are: {tools}."
-BAD_ARGUMENT = "[harness] The {name} tool needs a string argument {argument!r}."
 SUBMITTED = "[harness] Answer submitted."
 FINALIZE = "[harness] {left} turn(s) left: finish the task and submit your answer with the submit tool."
-NO_OUTPUT = "(no output)"
 
 SUBMIT_TOOL: dict[str, Any] = {
     "type": "function",
@@ -88,224 +81,6 @@ def _json_object(text: str) -> dict[str, Any]:
     except (ValueError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}
-
-
-class CommandRunner(Protocol):
-    """Runs one shell command in the episode workspace (the :class:`Sandbox` in production)."""
-
-    def run(self, command: str) -> CommandResult: ...
-
-
-@dataclass
-class Episode:
-    """What a mode may use to apply a call: the live context, the command runner, workspace and config."""
-
-    context: Context
-    runner: CommandRunner
-    workspace: Path
-    config: HarnessConfig
-
-
-@dataclass(frozen=True)
-class CallOutcome:
-    """What applying one tool call produced (before the harness adds readout and notices)."""
-
-    output: str
-    """Text for the model: the command's output and exit status, or an error line."""
-    receipt: Receipt | None = None
-    context_only: bool = False
-    """An applied context edit that printed nothing and exited 0 (a candidate free edit turn)."""
-    flags: tuple[Flag, ...] = ()
-
-
-class Mode(Protocol):
-    """A context-management mode: the tools it offers (besides submit) and how a call is applied.
-
-    Optional hooks the harness calls when a mode has them (duck-typed; :mod:`ctxrl.env.modes` uses them):
-    ``begin_episode(episode)`` at reset; ``after_step(episode, ending)`` after a step's results are
-    appended and before the overflow check, returning an object with ``notes`` (lines of one user note),
-    ``events`` and ``edited``; ``signal(episode) -> str | None``, the text of the slot rendered after the
-    conversation; ``rolls_back = False`` to end the episode on overflow instead of rolling back.
-    ``tool_schemas`` is re-read after every step, so a mode may offer tools as the episode goes.
-    """
-
-    name: str
-
-    def tool_schemas(self, config: HarnessConfig) -> list[dict[str, Any]]: ...
-
-    def run_call(self, call: ToolCall, episode: Episode) -> CallOutcome: ...
-
-
-@dataclass(frozen=True)
-class PostStep:
-    """What a mode's ``after_step`` hook added to a step."""
-
-    notes: tuple[str, ...] = ()
-    events: tuple[dict[str, Any], ...] = ()
-    edited: bool = False
-
-
-# --- file mode -------------------------------------------------------------------------------------------
-
-
-def write_context_file(path: Path, text: str) -> None:
-    """Write ``text`` to ``path``, never through a link: a symlink, directory or special file the model put
-    there is removed first.
-
-    Overwrites in place and then truncates to the new length: on ext4, truncating a file to zero (or
-    renaming over it) and rewriting it forces a synchronous block flush (``auto_da_alloc``), which costs
-    milliseconds per step at 32k tokens. No one reads the file while it is written.
-    """
-    data = text.encode("utf-8")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
-    try:
-        fd = os.open(path, flags, 0o644)
-    except OSError:
-        fd = -1
-    if fd >= 0 and not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        fd = -1
-    if fd < 0:  # a symlink, a directory, a FIFO...: replace it with a plain file
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
-        fd = os.open(path, flags | os.O_EXCL, 0o644)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-        handle.truncate(len(data))
-
-
-def read_context_file(path: Path, max_bytes: int) -> tuple[bytes | None, str | None]:
-    """The file's bytes, or ``(None, problem)``: missing, a symlink, not a regular file, too large.
-
-    Opens without following symlinks and without blocking, so a model cannot make the harness read a host
-    file through a link or hang on a FIFO.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return None, "is missing"
-    except OSError as exc:
-        return (
-            None,
-            "is a symbolic link" if exc.errno == errno.ELOOP else f"cannot be opened ({exc.strerror})",
-        )
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return None, "is not a regular file"
-        if info.st_size > max_bytes:
-            return None, f"is too large ({info.st_size} bytes, at most {max_bytes})"
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            data = handle.read(max_bytes + 1)
-    except OSError as exc:
-        return None, f"cannot be read ({exc.strerror})"
-    finally:
-        os.close(fd)
-    if len(data) > max_bytes:
-        return None, f"is too large (over {max_bytes} bytes)"
-    return data, None
-
-
-def format_command_output(result: CommandResult) -> str:
-    """The command's output as the model sees it, with its exit status when it failed."""
-    text = result.output.rstrip("\n") if result.output.strip() else NO_OUTPUT
-    if result.timed_out:
-        text += f"\n[timed out after {result.duration_s:.1f} s; exit code {result.exit_code}]"
-    elif result.exit_code != 0:
-        text += f"\n[exit code {result.exit_code}]"
-    return text
-
-
-class FileMode:
-    """Context as an editable file: a ``shell`` tool, with the context file synced around every command."""
-
-    name = "file"
-
-    def tool_schemas(self, config: HarnessConfig) -> list[dict[str, Any]]:
-        return [
-            {
-                "type": "function",
-                "function": {
-                    "name": "shell",
-                    "description": (
-                        "Run a bash command in the workspace. The editable part of your context (every turn "
-                        f"after the task) is the file {config.context_file}, one [[CTX_TURN n role=...]] header "
-                        "per turn; edit it with ordinary tools and the next prompt is built from it."
-                    ),
-                    "parameters": {
-                        "type": "object",
-                        "properties": {"command": {"type": "string", "description": "the bash command"}},
-                        "required": ["command"],
-                    },
-                },
-            }
-        ]
-
-    def run_call(self, call: ToolCall, episode: Episode) -> CallOutcome:
-        if call.name != "shell":
-            return CallOutcome(UNKNOWN_TOOL.format(name=call.name, tools=f"shell, {SUBMIT}"))
-        command = call.args().get("command")
-        if not isinstance(command, str) or not command.strip():
-            return CallOutcome(BAD_ARGUMENT.format(name="shell", argument="command"))
-        return run_shell_synced(command, episode)
-
-
-def run_shell_synced(command: str, episode: Episode) -> CallOutcome:
-    """Write the context file, run ``command``, then judge and apply the model's edit of the file."""
-    cfg, ctx = episode.config, episode.context
-    path = episode.workspace / cfg.context_file
-    written = render_context(ctx.turns)
-    write_context_file(path, written)
-    result = episode.runner.run(command)
-    receipt, new_text = apply_file_edit(episode, written, command, result.exit_code)
-    flags: tuple[Flag, ...] = ()
-    if cfg.monitor and new_text is not None:
-        origin = f"{ctx.system_prompt}\n{ctx.task}"
-        flags = tuple(scan(added_lines(written, new_text), "file", origin))
-    silent = not result.output.strip() and result.exit_code == 0
-    context_only = receipt is not None and receipt.applied and silent
-    return CallOutcome(format_command_output(result), receipt, context_only, flags)
-
-
-def apply_file_edit(
-    episode: Episode, written: str, command: str, exit_code: int
-) -> tuple[Receipt | None, str | None]:
-    """Judge the context file after a command; apply its turns if the gate allows.
-
-    Returns the receipt (None if the command neither changed nor named the file) and the file's new text
-    (None if unchanged or unreadable). A rejected or failed edit leaves the live context as it was; the
-    file is rewritten from it before the next command.
-    """
-    cfg, ctx = episode.config, episode.context
-    max_bytes = 64 * cfg.budget + 65536
-    data, problem = read_context_file(episode.workspace / cfg.context_file, max_bytes)
-    file_changed = data is None or data != written.encode("utf-8")
-    new_text: str | None = None
-    parsed: list[Turn] = []
-    context_changed = False
-    after: int | None = None
-    if data is not None and file_changed:
-        new_text = data.decode("utf-8", errors="replace")
-        parsed = ctx.counted(parse_context(data))
-        context_changed = tuple(parsed) != ctx.turns
-        after = ctx.tokens_of(parsed)
-    receipt = judge_file_edit(
-        gate=cfg.gate,
-        file=cfg.context_file,
-        limit=cfg.limit,
-        before=ctx.tokens,
-        after=after,
-        targeted=cfg.context_file in command,
-        file_changed=file_changed,
-        context_changed=context_changed,
-        exit_code=exit_code,
-        file_problem=problem,
-    )
-    if receipt is not None and receipt.applied:
-        ctx.replace_turns(parsed)
-    return receipt, new_text
 
 
 # --- the harness ----------------------------------------------------------------------------------------
@@ -410,9 +185,7 @@ class Harness:
         self._final_turn = False
         self._done = False
         self._call_ids: set[str] = set()
-        begin = getattr(self.mode, "begin_episode", None)
-        if begin is not None:
-            begin(self._episode)
+        self.mode.begin_episode(self._episode)
         self._refresh_slots()
         return ctx.to_messages()
 
@@ -486,7 +259,7 @@ class Harness:
 
         rolled = 0
         commands: tuple[str, ...] = ()
-        if reason is None and ctx.tokens > cfg.limit and not getattr(self.mode, "rolls_back", True):
+        if reason is None and ctx.tokens > cfg.limit and not self.mode.rolls_back:
             reason = "overflow"  # a mode without rollback (append-only) fails on overflow
         if reason is None and ctx.tokens > cfg.limit:
             rolled, commands, note = self._rollback(calls)
@@ -534,19 +307,14 @@ class Harness:
             out.append(replace(call, id=call_id, name=name))
         return tuple(out)
 
-    def _after_step(self, *, ending: bool) -> PostStep:
+    def _after_step(self, *, ending: bool) -> StepNotes:
         """Run the mode's ``after_step`` hook (pressure pass, offers; see :class:`Mode`), append its notes as
         one user turn, and refresh the tool list and the signal slot."""
         episode = self._live()
-        hook = getattr(self.mode, "after_step", None)
-        post = PostStep()
-        if hook is not None:
-            result = hook(episode, ending)
-            post = PostStep(tuple(result.notes), tuple(result.events), bool(result.edited))
-            if post.notes:
-                note = "\n".join(post.notes)
-                episode.context.append(Turn("user", note))
-                post = replace(post, notes=(episode.context.turns[-1].content,))
+        post = self.mode.after_step(episode, ending)
+        if post.notes:
+            episode.context.append(Turn("user", "\n".join(post.notes)))
+            post = replace(post, notes=(episode.context.turns[-1].content,))
         self._refresh_slots()
         return post
 
@@ -554,8 +322,7 @@ class Harness:
         """Re-read the mode's tool list and signal slot (both may change after a step)."""
         ctx = self._live().context
         ctx.set_tools(self.tools)
-        signal = getattr(self.mode, "signal", None)
-        ctx.set_signal(signal(self._live()) if signal is not None else None)
+        ctx.set_signal(self.mode.signal(self._live()))
 
     def _end_reason(self, submitted: bool) -> str | None:
         if submitted:

@@ -3,6 +3,7 @@
 A **skill** is the markdown text in the system prompt that steers how the model manages its context; skill
 evolution rewrites it. The defaults below state the operating rules of the reference work (batch edits, mind
 the tail, be generous in the replacement) for each mode's means; they are starting points, not tuned text.
+The mode registry (:mod:`ctxrl.env.modes`) says which skill is whose; ``default_skill(mode)`` there.
 """
 
 from __future__ import annotations
@@ -12,30 +13,28 @@ BASE_PROMPT = (
     "your final answer. Your context window is limited; every tool result shows how full it is."
 )
 
-DEFAULT_SKILLS: dict[str, str] = {
-    "file": (
-        "## Managing your context\n"
-        "Everything after the task is mirrored to the file {context_file}, one `[[CTX_TURN n role=...]]` header "
-        "per turn. Edit it with ordinary shell tools (sed, python3, heredocs); the next prompt is built from "
-        "it. Keep exact values verbatim. Prefer one larger edit over many small ones: an edit makes everything "
-        "after it be re-read. When you condense, write a detailed replacement note."
-    ),
-    "tools": (
-        "## Managing your context\n"
-        "Use context_status to see what fills your window, context_drop or context_note to move old results "
-        "out (they stay restorable with read_overflow), and context_pin for what must stay. Keep exact values."
-    ),
-    "usage": (
-        "## Managing your context\n"
-        "When the Context Usage block appears, reclaim space: evict file views you can re-read, and archive "
-        "finished turns with archive_thread (search_archive brings them back)."
-    ),
-    "harness": (
-        "## Your context\nOld and large tool results are moved out of your context automatically; "
-        "note exact values you will need in your own messages."
-    ),
-    "append": "## Your context\nNothing is removed from your context; it fails when full. Be brief.",
-}
+FILE_SKILL = (
+    "## Managing your context\n"
+    "Everything after the task is mirrored to the file {context_file}, one `[[CTX_TURN n role=...]]` header "
+    "per turn. Edit it with ordinary shell tools (sed, python3, heredocs); the next prompt is built from "
+    "it. Keep exact values verbatim. Prefer one larger edit over many small ones: an edit makes everything "
+    "after it be re-read. When you condense, write a detailed replacement note."
+)
+TOOLS_SKILL = (
+    "## Managing your context\n"
+    "Use context_status to see what fills your window, context_drop or context_note to move old results "
+    "out (they stay restorable with read_overflow), and context_pin for what must stay. Keep exact values."
+)
+USAGE_SKILL = (
+    "## Managing your context\n"
+    "When the Context Usage block appears, reclaim space: evict file views you can re-read, and archive "
+    "finished turns with archive_thread (search_archive brings them back)."
+)
+HARNESS_SKILL = (
+    "## Your context\nOld and large tool results are moved out of your context automatically; "
+    "note exact values you will need in your own messages."
+)
+APPEND_SKILL = "## Your context\nNothing is removed from your context; it fails when full. Be brief."
 
 
 def system_prompt(skill: str, context_file: str = "context.md") -> str:

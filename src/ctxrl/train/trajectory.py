@@ -99,6 +99,8 @@ class StepRecord:
     """The step rewrote the editable region (edit applied or rollback): the next prompt is rebuilt."""
     free_turn: bool
     cost: StepCost
+    rolled_back_turns: int = 0
+    """Turns the overflow rollback removed at this step (0: no rollback)."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StepRecord:

@@ -42,16 +42,21 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+DEFAULT_MAX_MODEL_LEN = 8192
+"""The in-process engine's longest sequence unless told: its KV cache is sized for it on a CPU."""
+
+
 def make_llm(
     model_dir: str | Path,
     *,
     seed: int = 0,
-    max_model_len: int = 8192,
+    max_model_len: int | None = None,
     enable_prefix_caching: bool = True,
     enforce_eager: bool = True,
     **kwargs: Any,
 ) -> Any:
-    """Return a ``vllm.LLM`` on ``model_dir`` with prefix caching on and the CPU defaults applied."""
+    """Return a ``vllm.LLM`` on ``model_dir`` with prefix caching on and the CPU defaults applied
+    (``max_model_len`` None: :data:`DEFAULT_MAX_MODEL_LEN`)."""
     if not cuda_available():
         apply_cpu_env()
     from vllm import LLM
@@ -59,7 +64,7 @@ def make_llm(
     return LLM(
         model=str(model_dir),
         seed=seed,
-        max_model_len=max_model_len,
+        max_model_len=max_model_len or DEFAULT_MAX_MODEL_LEN,
         enable_prefix_caching=enable_prefix_caching,
         enforce_eager=enforce_eager,
         dtype="float32" if not cuda_available() else "auto",

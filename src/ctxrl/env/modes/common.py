@@ -1,14 +1,7 @@
 """What the managed modes share: tool schemas and argument checks, format receipts, the plain shell, rounds,
 per-episode state (the overflow store, events) and the ``read_overflow`` tool.
 
-The harness calls these optional hooks of a mode when it has them (duck-typed, so file mode needs none):
-
-- ``begin_episode(episode)``: at reset, before the first prompt is built.
-- ``after_step(episode, ending) -> StepNotes``: after the step's results are appended and before the
-  overflow check; the mode may rewrite the context (pressure pass), return note lines for one user turn,
-  and hand over the events of the step.
-- ``signal(episode) -> str | None``: the text of the signal slot rendered after the conversation.
-- ``rolls_back`` (attribute): False means an overflow ends the episode instead of rolling back.
+The hooks a mode may implement are declared, with no-op defaults, on :class:`ctxrl.env.modes.base.Mode`.
 """
 
 from __future__ import annotations
@@ -20,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ctxrl.env.context import Context, ToolCall, Turn
-from ctxrl.env.harness import SUBMIT, CallOutcome, Episode, format_command_output
 from ctxrl.env.mode_config import ModesConfig
+from ctxrl.env.modes.base import SUBMIT, CallOutcome, Episode, format_command_output
 from ctxrl.env.overflow import OverflowStore
 from ctxrl.env.receipts import Receipt, ReceiptKind, gate_allows
 
@@ -30,16 +23,6 @@ Schema = dict[str, Any]
 FORMAT_PROBLEM = "[harness] Malformed call to {name}: {problem}."
 FORMAT_RECEIPT = "[context] rejected by rule format: {problem}; context unchanged ({tokens} tokens)"
 UNKNOWN_TOOL = "unknown tool {name!r}; the tools are: {tools}"
-
-
-@dataclass(frozen=True)
-class StepNotes:
-    """What a mode's ``after_step`` hook did: lines for one user note, the step's events, a rewrite flag."""
-
-    notes: tuple[str, ...] = ()
-    events: tuple[dict[str, Any], ...] = ()
-    edited: bool = False
-    """The hook rewrote the editable region (the next prompt does not extend the last one)."""
 
 
 def function_schema(name: str, description: str, properties: Schema, required: Sequence[str] = ()) -> Schema:

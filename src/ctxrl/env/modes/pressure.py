@@ -26,9 +26,9 @@ from typing import Any
 
 from ctxrl.env.context import Turn
 from ctxrl.env.ctxfile import render_context
-from ctxrl.env.harness import Episode
-from ctxrl.env.mode_config import PressureConfig
-from ctxrl.env.modes.common import Pinned
+from ctxrl.env.mode_config import ModesConfig, PressureConfig
+from ctxrl.env.modes.base import Episode, StepNotes
+from ctxrl.env.modes.common import Pinned, Shared, never_pinned
 from ctxrl.env.overflow import STUB_RE, OverflowStore, body_id, extract_identifiers, is_stub, preserved_block
 
 MIN_SPILL_CHARS = 600
@@ -189,3 +189,31 @@ class PressurePass:
             return 0  # the summary would not save anything
         ctx.replace_turns(new)
         return len(chosen)
+
+
+class PressureHooks:
+    """The per-episode state and ``after_step`` of a mode whose only management is the pressure pass."""
+
+    def __init__(self, config: ModesConfig, pressure: PressurePass | None) -> None:
+        self.config = config
+        self.pressure = pressure
+        self._shared: Shared | None = None
+
+    def begin_episode(self, episode: Episode) -> None:
+        self._shared = Shared.begin(episode, self.config)
+
+    def shared(self, episode: Episode) -> Shared:
+        if self._shared is None or self._shared.episode is not episode:
+            self.begin_episode(episode)
+        assert self._shared is not None
+        return self._shared
+
+    def after_step(self, episode: Episode, ending: bool) -> StepNotes:
+        shared = self.shared(episode)
+        shared.rounds.advance()
+        if self.pressure is None or ending:
+            return StepNotes((), shared.drain_events())
+        result = self.pressure.apply(episode, shared.store, never_pinned)
+        if result.changed:
+            shared.events.append(result.event(shared.rounds.current - 1))
+        return StepNotes((), shared.drain_events(), result.changed)

@@ -41,14 +41,13 @@ from typing import Any
 
 from ctxrl.env.config import HarnessConfig
 from ctxrl.env.context import ToolCall, Turn
-from ctxrl.env.harness import CallOutcome, Episode
 from ctxrl.env.mode_config import ModesConfig
+from ctxrl.env.modes.base import CallOutcome, Episode, Mode, StepNotes
 from ctxrl.env.modes.common import (
     READ_OVERFLOW_TOOL,
     SHELL_TOOL,
     Schema,
     Shared,
-    StepNotes,
     format_outcome,
     function_schema,
     gated_replace,
@@ -156,7 +155,7 @@ class ToolsState:
     reminded: bool = False
 
 
-class ToolsMode:
+class ToolsMode(Mode):
     """Action-based context tools; see the module docstring for handles, refusals and offer rules."""
 
     name = "tools"

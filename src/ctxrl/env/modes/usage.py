@@ -37,14 +37,13 @@ from typing import Any
 
 from ctxrl.env.config import HarnessConfig
 from ctxrl.env.context import Context, ToolCall, Turn
-from ctxrl.env.harness import CallOutcome, Episode, read_context_file
 from ctxrl.env.mode_config import ModesConfig, UsageModeConfig
+from ctxrl.env.modes.base import CallOutcome, Episode, Mode, StepNotes
 from ctxrl.env.modes.common import (
     READ_OVERFLOW_TOOL,
     SHELL_TOOL,
     Schema,
     Shared,
-    StepNotes,
     format_outcome,
     function_schema,
     never_pinned,
@@ -53,6 +52,7 @@ from ctxrl.env.modes.common import (
     run_shell,
     unknown_tool,
 )
+from ctxrl.env.modes.file import read_context_file
 from ctxrl.env.modes.pressure import PressurePass
 from ctxrl.env.receipts import Receipt, ReceiptKind
 from ctxrl.env.sandbox import SANDBOX_WORKDIR
@@ -148,7 +148,7 @@ class UsageState:
     archive: list[ArchiveEntry] = field(default_factory=list)
 
 
-class UsageMode:
+class UsageMode(Mode):
     """Agent-managed context; see the module docstring for categories, headers and grants."""
 
     name = "usage"

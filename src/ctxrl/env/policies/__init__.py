@@ -1,60 +1,39 @@
 """Scripted reference policies: the baselines of every comparison and the teachers of a supervised warm start.
 
-    policy = make_policy("file-manager")          # its mode: POLICY_MODES["file-manager"] == "file"
-    text = policy(info["messages"], info["tools"])  # generated text, tool calls in the chat-template format
+    policy = make_policy("file-manager")   # its mode: POLICY_MODES["file-manager"] == "file"
+    obs, info = env.reset(seed=0)
+    text = policy(obs)                     # generated text, tool calls in the chat-template format
     env.step(text)
 
-A policy is a stateless function of the prompt a model would see (:mod:`.view`): what it knows is what its
-context holds. It is a **solver** of the task family in view (:mod:`.solvers`: the next task action and the
+A policy is a stateless function of the prompt text a model would see (:mod:`.view` parses it): what it
+knows is what its context holds, and nothing else reaches it, so what it does can be recorded as token-in /
+token-out demonstrations (the ``scripted`` engine runs it behind the engine protocol). It is a **solver** of the task family in view (:mod:`.solvers`: the next task action and the
 facts worth keeping) under the **manager** of its mode (:mod:`.managers`: when and how to compact).
 Policies never read a task's metadata or verifier.
 
-| policy | mode |
-|---|---|
-| ``append`` | ``append`` |
-| ``harness`` | ``harness`` |
-| ``tools-manager`` | ``tools`` |
-| ``usage-manager`` | ``usage`` |
-| ``file-manager`` | ``file`` |
+The policies and their modes are the mode registry's (:data:`ctxrl.env.modes.MODES`, ``ModeSpec.policy``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
+from ctxrl.env.modes import MODES
 from ctxrl.env.policies import managers
 from ctxrl.env.policies.solvers import SOLVERS, solver_for
-from ctxrl.env.policies.view import Call, Plan, View, read_view, render_action
+from ctxrl.env.policies.view import Call, Plan, View, parse_prompt, read_prompt, read_view, render_action
 from ctxrl.errors import UsageError
-
-Messages = Sequence[Mapping[str, Any]]
-Tools = Sequence[Mapping[str, Any]]
 
 
 class Policy(Protocol):
-    """``policy(messages, tools) -> generated text``: one action for the prompt made of these."""
+    """``policy(prompt_text) -> generated text``: one action for the prompt a model would be given."""
 
-    def __call__(self, messages: Messages, tools: Tools) -> str: ...
+    def __call__(self, prompt: str) -> str: ...
 
 
-POLICY_MODES: dict[str, str] = {
-    "append": "append",
-    "harness": "harness",
-    "tools-manager": "tools",
-    "usage-manager": "usage",
-    "file-manager": "file",
-}
-"""Policy name -> the mode it acts in."""
-
-_MANAGERS: dict[str, managers.Manager] = {
-    "append": managers.append,
-    "harness": managers.harness,
-    "tools-manager": managers.tools_manager,
-    "usage-manager": managers.usage_manager,
-    "file-manager": managers.file_manager,
-}
+POLICY_MODES: dict[str, str] = {spec.policy: spec.name for spec in MODES.values()}
+"""Policy name -> the mode it acts in (from the mode registry)."""
 
 
 @dataclass(frozen=True)
@@ -65,8 +44,8 @@ class ScriptedPolicy:
     mode: str
     manager: managers.Manager
 
-    def __call__(self, messages: Messages, tools: Tools) -> str:
-        view = read_view(messages, tools)
+    def __call__(self, prompt: str) -> str:
+        view = read_prompt(prompt)
         solver = solver_for(view)
         if solver is None:
             raise UsageError(
@@ -80,7 +59,9 @@ def make_policy(name: str) -> ScriptedPolicy:
     """The scripted policy called ``name`` (one of :data:`POLICY_MODES`)."""
     if name not in POLICY_MODES:
         raise UsageError(f"unknown scripted policy {name!r}; policies: {', '.join(POLICY_MODES)}")
-    return ScriptedPolicy(name, POLICY_MODES[name], _MANAGERS[name])
+    mode = POLICY_MODES[name]
+    manager: managers.Manager = getattr(managers, mode)  # each manager is named after its mode
+    return ScriptedPolicy(name, mode, manager)
 
 
 __all__ = [
@@ -91,6 +72,8 @@ __all__ = [
     "ScriptedPolicy",
     "View",
     "make_policy",
+    "parse_prompt",
+    "read_prompt",
     "read_view",
     "render_action",
 ]

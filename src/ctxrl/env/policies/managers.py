@@ -1,6 +1,7 @@
 """One context manager per mode: given the view and the solver's plan, the text of the next action.
 
-A manager either passes the solver's task action through, or, when the latest budget readout is past
+Each manager is the function named after its mode (the registry, :mod:`ctxrl.env.modes`, names the
+policy). A manager either passes the solver's task action through, or, when the latest budget readout is past
 :data:`THRESHOLD` of the limit, spends one step on one batched compaction that keeps the solver's facts
 verbatim and removes the rest (never two compactions in a row, so a compaction that cannot get under the
 threshold does not loop). Compactions print nothing, so they are free edit turns.
@@ -9,13 +10,14 @@ threshold does not loop). Compactions print nothing, so they are free edit turns
 |---|---|---|
 | :func:`append` | ``append`` | never manages |
 | :func:`harness` | ``harness`` | never manages (the harness spills and folds); restates its facts in its own message every step, as the mode's skill asks |
-| :func:`tools_manager` | ``tools`` | ``context_drop`` of every result of 300+ characters still in context, the facts in its own message (a ``context_note`` would carry a preserved-identifier block that costs more than it frees at small budgets) |
-| :func:`usage_manager` | ``usage`` | when the usage block shows or the readout passes the threshold: ``evict_file_view`` (if file views are open) and ``archive_thread`` of every finished turn, the facts in its own message |
-| :func:`file_manager` | ``file`` | rewrites the context file with one user note holding the facts (``cat > context.md <<'EOF'``) |
+| :func:`tools` | ``tools`` | ``context_drop`` of every result of 300+ characters still in context, the facts in its own message (a ``context_note`` would carry a preserved-identifier block that costs more than it frees at small budgets) |
+| :func:`usage` | ``usage`` | when the usage block shows or the readout passes the threshold: ``evict_file_view`` (if file views are open) and ``archive_thread`` of every finished turn, the facts in its own message |
+| :func:`file` | ``file`` | rewrites the context file with one user note holding the facts (``cat > context.md <<'EOF'``) |
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable
 
@@ -28,6 +30,11 @@ DROP_MIN_CHARS = 300
 _TURN = re.compile(r"\ATurn #(\d+)\n")
 
 Manager = Callable[[View, Plan], str]
+
+
+def message_handle(role: str, text: str) -> str:
+    """The ``m<8 hex>`` handle tools mode gives a message: SHA-256 of ``"<role>\\n<content>"``, 8 hex digits."""
+    return "m" + hashlib.sha256(f"{role}\n{text}".encode()).hexdigest()[:8]
 
 
 def _due(view: View) -> bool:
@@ -44,22 +51,22 @@ def harness(view: View, plan: Plan) -> str:
     return render_action(plan.calls, prose=facts_block(plan.facts))
 
 
-def tools_manager(view: View, plan: Plan) -> str:
+def tools(view: View, plan: Plan) -> str:
     """Past the threshold (and once the context tools are offered): one ``context_drop`` of every result still
-    in context, the facts written in this message (assistant messages are never dropped). Otherwise the task
-    action."""
+    in context, named by its ``m`` handle (computed from the text the model sees), the facts written in this
+    message (assistant messages are never dropped). Otherwise the task action."""
     if _due(view) and "context_drop" in view.tools:
         handles = [
-            item.call_id
+            message_handle("tool", item.text)
             for item in view.items
-            if item.role == "tool" and item.call_id and not item.is_stub and len(item.text) >= DROP_MIN_CHARS
+            if item.role == "tool" and not item.is_stub and len(item.text) >= DROP_MIN_CHARS
         ][-64:]
         if handles:
             return render_action([Call("context_drop", {"handles": handles})], prose=facts_block(plan.facts))
     return render_action(plan.calls)
 
 
-def usage_manager(view: View, plan: Plan) -> str:
+def usage(view: View, plan: Plan) -> str:
     """When the usage block shows or the readout passes the threshold: evict the open file views and archive
     every finished turn, the facts written in this message (which stays). Otherwise the task action."""
     if (view.signal is not None or view.fill >= THRESHOLD) and not view.last_action_edited():
@@ -79,7 +86,7 @@ def usage_manager(view: View, plan: Plan) -> str:
     return render_action(plan.calls)
 
 
-def file_manager(view: View, plan: Plan) -> str:
+def file(view: View, plan: Plan) -> str:
     """Past the threshold: rewrite the context file as one user note holding the facts. Otherwise the task
     action."""
     if _due(view) and "shell" in view.tools:

@@ -1,7 +1,6 @@
 """What a scripted policy may look at: the chat messages and tool list a model would be prompted with.
 
-:func:`read_view` turns ``(messages, tools)`` into a :class:`View`: the task text, the editable region as
-:class:`Item` s in order, the usage block of the signal slot, the latest budget readout and the offered tool
+:func:`read_view` turns ``(messages, tools)`` into a :class:`View`: the task text, the editable region as :class:`Item` s in order, the usage block of the signal slot, the latest budget readout and the offered tool
 names. Nothing else reaches a policy, so whatever a policy knows is in its context; if a manager drops a value
 from the context, the policy has lost it.
 
@@ -16,6 +15,9 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from ctxrl.env.actions import parse_tool_calls
+from ctxrl.env.modes import EDIT_TOOLS
 
 READOUT_RE = re.compile(r"\[context: (\d+)/(\d+) tokens \(\d+% of the limit\)\]")
 USAGE_HEADER = "Context Usage:"
@@ -96,16 +98,12 @@ class View:
         return next((i for i in self.items if i.role == "tool" and i.call_id == call_id), None)
 
     def last_action_edited(self) -> bool:
-        """True if the latest assistant message edited the context: a call of :data:`EDIT_TOOLS`, or a shell
-        command that writes kept facts (file mode)."""
+        """True if the latest assistant message edited the context: a call of a mode's context-editing tool
+        (:data:`ctxrl.env.modes.EDIT_TOOLS`), or a shell command that writes kept facts (file mode)."""
         last = next((i for i in reversed(self.items) if i.role == "assistant"), None)
         if last is None:
             return False
         return any(_is_edit(call) for _, call in last.calls)
-
-
-EDIT_TOOLS = frozenset({"context_note", "context_drop", "archive_thread", "evict_file_view"})
-"""Context tools whose call is an edit of the context (tools and usage modes)."""
 
 
 def _is_edit(call: Call) -> bool:
@@ -168,6 +166,66 @@ def read_view(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str
     named = _CONTEXT_FILE.search(descriptions)
     context_file = named.group(1) if named else "context.md"
     return View(task, tuple(items), names, signal, tokens, limit, context_file)
+
+
+_MESSAGE = re.compile(r"<\|im_start\|>([a-z]+)\n(.*?)<\|im_end\|>\n", re.DOTALL)
+_TOOLS_BLOCK = re.compile(r"\n\n# Tools\n<tools>\n(.*?)</tools>\n[^\n]*\Z", re.DOTALL)
+_RESPONSE = re.compile(r"\A<tool_response>\n(.*)\n</tool_response>\Z", re.DOTALL)
+
+
+def parse_prompt(text: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The messages and tools a ChatML prompt was rendered from, as far as the text shows them.
+
+    Tool calls come back from their ``<tool_call>`` markup; a tool result is paired with the calls of the
+    assistant message before it, in order (the harness appends one result per call), and gets that call's
+    name and a positional call id (``c<message>.<call>``): the template renders no call ids, so no handle
+    the model cannot see reaches a policy. The system message's tool list becomes the tools.
+    """
+    messages: list[dict[str, Any]] = []
+    tools: list[dict[str, Any]] = []
+    pending: list[tuple[str, str]] = []  # (call id, name) of the last assistant message's unanswered calls
+    for role, content in _MESSAGE.findall(text):
+        if role == "system" and not messages:
+            block = _TOOLS_BLOCK.search(content)
+            if block is not None:
+                tools = [json.loads(line) for line in block.group(1).splitlines() if line.strip()]
+                content = content[: block.start()]
+            messages.append({"role": "system", "content": content})
+        elif role == "assistant":
+            prose, calls = parse_tool_calls(content)
+            ids = [f"c{len(messages)}.{i}" for i in range(len(calls))]
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": prose,
+                    "tool_calls": [
+                        {"id": i, "function": {"name": c.name, "arguments": c.arguments}}
+                        for i, c in zip(ids, calls)
+                    ],
+                }
+            )
+            pending = [(i, c.name) for i, c in zip(ids, calls)]
+        elif role == "tool":
+            body = _RESPONSE.match(content)
+            call_id, name = pending.pop(0) if pending else (None, None)
+            messages.append(
+                {
+                    "role": "tool",
+                    "content": body.group(1) if body else content,
+                    "tool_call_id": call_id,
+                    "name": name,
+                }
+            )
+        else:
+            pending = []
+            messages.append({"role": role, "content": content})
+    return messages, tools
+
+
+def read_prompt(text: str) -> View:
+    """The :class:`View` of a prompt given as text (see :func:`parse_prompt`)."""
+    messages, tools = parse_prompt(text)
+    return read_view(messages, tools)
 
 
 def render_action(calls: Sequence[Call], prose: str = "") -> str:

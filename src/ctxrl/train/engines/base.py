@@ -36,6 +36,49 @@ FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort")
 Weights = Any
 
 
+EngineName = Literal["vllm", "vllm-server", "hf", "scripted"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Which generation engine to build and how (the ``engine`` section of a run config)."""
+
+    name: EngineName = "vllm"
+    """``vllm`` (in-process), ``vllm-server`` (OpenAI-compatible server), ``hf`` (transformers) or
+    ``scripted`` (a Python policy, no model)."""
+    max_model_len: int | None = None
+    """Longest prompt + generation, in tokens; None: the engine's default (``vllm`` 8192, a started
+    ``vllm-server`` 4096 — the KV cache is sized for it on a CPU —, ``hf`` the model's positions, ``scripted``
+    the tokenizer's maximum length)."""
+    seed: int = 0
+    """Seeds the engine once (requests carry no seed, see :class:`SamplingConfig`)."""
+    dtype: str = "float32"
+    """Weights' dtype (``hf`` and a started ``vllm-server``; fp32 is the fastest on these CPUs)."""
+    server_url: str | None = None
+    """``vllm-server``: the base URL of a running server; None starts one on the model folder."""
+    server_port: int | None = None
+    """``vllm-server``: the port of the server it starts (None: a free one)."""
+    startup_timeout_s: float = 180.0
+    """``vllm-server``: seconds to wait for a started server to answer."""
+    request_timeout_s: float = 600.0
+    """``vllm-server``: seconds one request may take."""
+    retries: int = 2
+    """``vllm-server``: retries of a failed request."""
+    batch_size: int = 64
+    """``hf``: prompts per forward batch."""
+    policy: str | None = None
+    """``scripted``: the policy, a scripted reference policy's name (``file-manager``, ...) or
+    ``MODULE:FUNCTION`` of a factory ``f(tokenizer) -> policy(prompt_ids) -> text``; None: a probe policy."""
+
+    def __post_init__(self) -> None:
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ConfigError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.startup_timeout_s <= 0 or self.request_timeout_s <= 0:
+            raise ConfigError("startup_timeout_s and request_timeout_s must be > 0 (seconds)")
+        if self.retries < 0 or self.batch_size < 1:
+            raise ConfigError("retries must be >= 0 and batch_size >= 1")
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """Sampling settings of one batched ``generate`` call.
@@ -98,6 +141,9 @@ class Engine(Protocol):
     """Longest prompt + generation the engine accepts, in tokens."""
     supports_sleep: bool
     """True when ``sleep``/``wake`` free and restore memory; False means they are no-ops."""
+    cache_block_size: int | None
+    """KV-cache block size of the engine's prefix cache (read from the running vLLM engine); None where
+    the engine has no prefix cache or cannot tell (the cost replay then prices as GPU vLLM, 16)."""
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Generation]:
         """One batched call: a :class:`Generation` per prompt, in order (see the module contract)."""

@@ -33,6 +33,7 @@ class HFEngine:
 
     name = "hf"
     supports_sleep = False
+    cache_block_size: int | None = None
 
     def __init__(
         self,

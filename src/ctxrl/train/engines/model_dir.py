@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
+from ctxrl.env.tokenizer import has_tokenizer
+from ctxrl.env.tokenizer import load_tokenizer_dir as load_tokenizer
 from ctxrl.errors import ModelLoadError
 
+__all__ = ["check_causal_lm_dir", "load_tokenizer"]
+
 _WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin", "model*.bin")
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 def check_causal_lm_dir(model_dir: str | Path) -> Path:
@@ -24,7 +26,7 @@ def check_causal_lm_dir(model_dir: str | Path) -> Path:
         raise ModelLoadError(f"model folder {path} does not exist or is not a folder")
     config_file = path / "config.json"
     if not config_file.is_file():
-        hint = " (it looks like a tokenizer-only folder)" if _has_tokenizer(path) else ""
+        hint = " (it looks like a tokenizer-only folder)" if has_tokenizer(path) else ""
         raise ModelLoadError(
             f"{path} has no config.json, so it is not a model folder{hint}; pass a folder written by "
             "save_pretrained or `ctxrl tiny-model`"
@@ -52,28 +54,6 @@ def check_causal_lm_dir(model_dir: str | Path) -> Path:
         )
     if not any(any(path.glob(pattern)) for pattern in _WEIGHT_GLOBS):
         raise ModelLoadError(f"{path} has a config but no weight files (*.safetensors or pytorch_model*.bin)")
-    if not _has_tokenizer(path):
-        raise ModelLoadError(f"{path} has no tokenizer files ({', '.join(_TOKENIZER_FILES)})")
+    if not has_tokenizer(path):
+        raise ModelLoadError(f"{path} has no tokenizer files (tokenizer.json, tokenizer_config.json, ...)")
     return path
-
-
-def _has_tokenizer(path: Path) -> bool:
-    return any((path / name).is_file() for name in _TOKENIZER_FILES)
-
-
-def load_tokenizer(model_dir: str | Path) -> Any:
-    """Load the tokenizer of a model folder (a tokenizer-only folder is fine).
-
-    Raises :class:`ModelLoadError` naming the folder when there is none or transformers cannot read it.
-    """
-    path = Path(model_dir)
-    if not path.is_dir():
-        raise ModelLoadError(f"tokenizer folder {path} does not exist or is not a folder")
-    if not _has_tokenizer(path):
-        raise ModelLoadError(f"{path} has no tokenizer files ({', '.join(_TOKENIZER_FILES)})")
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(path)
-    except Exception as exc:  # OSError/ValueError/JSON errors from tokenizers: all mean "unreadable"
-        raise ModelLoadError(f"transformers cannot load the tokenizer in {path}: {exc}") from None

@@ -1,7 +1,11 @@
-"""``scripted`` engine: a Python policy behind the engine protocol, for tests and baselines.
+"""``scripted`` engine: a Python policy behind the engine protocol, for tests, baselines and demonstrations.
 
 The policy maps a prompt's token ids to the action text; the engine tokenises it (no special tokens added)
-and appends the tokenizer's EOS, so the rollout loop sees the same shape of output as from a model. Every
+and appends the tokenizer's EOS unless the text ends with it (:meth:`PromptBuilder.action_ids`, the rule the
+Gymnasium environment applies to a text action too), so the rollout loop sees the same shape of output as
+from a model. :func:`text_policy` adapts a policy of the prompt *text* (a scripted reference policy): it is
+given the decoded prompt ids and nothing else, so what it does is exactly a token-in/token-out
+demonstration of acting on what a model would see. Every
 logprob is 0.0 (the policy is deterministic). An action longer than the token budget is cut and ends with
 ``length``; a prompt that fills ``max_model_len`` is aborted, as in every engine.
 """
@@ -11,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ctxrl.env.episode import PromptBuilder
 from ctxrl.errors import EngineError
 from ctxrl.train.engines.base import (
     FinishReason,
@@ -24,17 +29,26 @@ from ctxrl.train.engines.base import (
 Policy = Callable[[list[int]], str]
 
 
+def text_policy(policy: Callable[[str], str], tokenizer: Any) -> Policy:
+    """A policy of the prompt text as a policy of the prompt ids: it sees the ids decoded, special tokens
+    kept (exactly the text the model is given), and nothing else."""
+    builder = PromptBuilder(tokenizer)
+    return lambda prompt_ids: policy(builder.decode(prompt_ids))
+
+
 class ScriptedEngine:
     """Runs ``policy(prompt_ids) -> action text`` for every prompt."""
 
     name = "scripted"
     supports_sleep = False
+    cache_block_size: int | None = None
 
     def __init__(self, policy: Policy, tokenizer: Any, *, max_model_len: int | None = None) -> None:
         if tokenizer.eos_token_id is None:
             raise EngineError("the scripted engine needs a tokenizer with an EOS token")
         self.policy = policy
         self.tokenizer = tokenizer
+        self._builder = PromptBuilder(tokenizer)
         self.eos_token_id = int(tokenizer.eos_token_id)
         self.max_model_len: int = int(max_model_len or tokenizer.model_max_length)
 
@@ -47,7 +61,7 @@ class ScriptedEngine:
                 results.append(too_long(len(prompt), self.max_model_len))
                 continue
             text = self.policy(list(prompt))
-            ids = [*self.tokenizer.encode(text, add_special_tokens=False), self.eos_token_id]
+            ids = self._builder.action_ids(text)
             reason: FinishReason = "stop" if len(ids) <= budget else "length"
             ids = ids[:budget]
             results.append(Generation(ids, [0.0] * len(ids), reason, 0))

@@ -110,6 +110,10 @@ def _request(
     raise AssertionError("unreachable")
 
 
+SERVER_MAX_MODEL_LEN = 4096
+"""A started server's longest sequence unless told (its KV cache is sized for it on a CPU)."""
+
+
 class VLLMServerEngine:
     """Generation through a running OpenAI-compatible vLLM server at ``base_url`` (e.g. ``http://127.0.0.1:8000``).
 
@@ -119,6 +123,7 @@ class VLLMServerEngine:
 
     name = "vllm-server"
     supports_sleep = False
+    cache_block_size: int | None = None
 
     def __init__(
         self,
@@ -284,7 +289,7 @@ class VLLMServer:
         model_dir: str | Path,
         *,
         port: int | None = None,
-        max_model_len: int = 4096,
+        max_model_len: int | None = None,
         dtype: str = "float32",
         seed: int = 0,
         enforce_eager: bool = True,
@@ -299,7 +304,7 @@ class VLLMServer:
         self.command = [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(self.model_dir), "--host", "127.0.0.1", "--port", str(self.port),
-            "--max-model-len", str(max_model_len), "--dtype", dtype, "--seed", str(seed),
+            "--max-model-len", str(max_model_len or SERVER_MAX_MODEL_LEN), "--dtype", dtype, "--seed", str(seed),
             "--enable-prefix-caching", "--enable-prompt-tokens-details",
             *(["--enforce-eager"] if enforce_eager else []),
             *extra_args,

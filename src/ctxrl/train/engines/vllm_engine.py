@@ -47,6 +47,10 @@ class VLLMEngine:
         self.max_model_len: int = int(model_config.max_model_len)
         self.vocab_size: int = int(model_config.get_vocab_size())
         self.supports_sleep: bool = bool(getattr(model_config, "enable_sleep_mode", False))
+        try:
+            self.cache_block_size: int | None = int(llm.llm_engine.vllm_config.cache_config.block_size)
+        except (AttributeError, TypeError, ValueError) as exc:  # a vLLM whose config is laid out otherwise
+            raise EngineError(f"cannot read the KV-cache block size from this vLLM engine: {exc}") from None
 
     @classmethod
     def from_llm(cls, llm: Any) -> VLLMEngine:
@@ -55,7 +59,7 @@ class VLLMEngine:
 
     @classmethod
     def load(
-        cls, model_dir: str | Path, *, seed: int = 0, max_model_len: int = 8192, **llm_kwargs: Any
+        cls, model_dir: str | Path, *, seed: int = 0, max_model_len: int | None = None, **llm_kwargs: Any
     ) -> VLLMEngine:
         """Check ``model_dir`` (:class:`ModelLoadError` if it is not a causal LM), then start an engine on it.
 

@@ -1,0 +1,183 @@
+"""What the subcommands share: run folders, the run config, the model folder, engines and scripted policies.
+
+Every user mistake found here is a :class:`~ctxrl.errors.UsageError` (or another ``CtxrlError``) with one
+line naming what is wrong; the CLI prints it and exits 1. Checks run before any episode does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ctxrl.commands.config import RunConfig, dump_run_config, load_run_config
+from ctxrl.errors import ConfigError, UsageError
+
+
+def run_config(args: argparse.Namespace) -> RunConfig:
+    """The run config of a subcommand: ``--config`` (or the defaults) plus its ``key=value`` overrides."""
+    return load_run_config(getattr(args, "config", None), getattr(args, "overrides", None) or ())
+
+
+def prepare_out(out: Path, *, overwrite: bool = False) -> Path:
+    """Make ``out`` an empty run folder: refuse a file, and a non-empty folder unless ``overwrite`` (then it
+    is emptied). File-system errors come out as one line naming the folder."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} exists and is not a folder")
+    try:
+        if out.is_dir() and any(out.iterdir()):
+            if not overwrite:
+                raise UsageError(f"--out {out} is not empty; pass --overwrite to replace what is there")
+            shutil.rmtree(out)
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot use {out} as the run folder: {exc.strerror or exc}") from None
+    return out
+
+
+def check_writable_file(path: Path) -> Path:
+    """Refuse, before any work, an output file that cannot be written: a folder, or under a non-folder."""
+    if path.is_dir():
+        raise UsageError(f"{path} is a folder; give a file name")
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"cannot write {path}: {parent} is not a folder")
+    return path
+
+
+def write_text(path: Path, text: str) -> Path:
+    """Write ``path`` (parents created); a file-system error is one line naming the file."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+    return path
+
+
+def save_config(config: RunConfig, out: Path) -> Path:
+    """Write the resolved config into the run folder (``config.yaml``)."""
+    return write_text(out / "config.yaml", dump_run_config(config))
+
+
+def ensure_tiny_model(folder: Path, seed: int = 0) -> Path:
+    """Build the tiny model into ``folder`` unless a model is already there."""
+    from ctxrl.train.tiny_model import build_tiny_model
+
+    if (folder / "config.json").is_file():
+        return folder
+    return build_tiny_model(folder, seed=seed, force=True)
+
+
+def model_dir(config: RunConfig, out: Path) -> Path:
+    """The run's model folder: ``config.model``, or the tiny model built into ``out/model``. An engine that
+    loads the weights gets it checked for a causal LM here, before its tokenizer loads or anything starts."""
+    if config.model is None:
+        return ensure_tiny_model(out / "model", seed=config.engine.seed)
+    folder = Path(config.model)
+    weights_here = not (config.engine.name == "scripted" or config.engine.server_url is not None)
+    if weights_here:  # a running server or a scripted policy needs only the tokenizer
+        from ctxrl.train.engines.model_dir import check_causal_lm_dir
+
+        check_causal_lm_dir(folder)
+    return folder
+
+
+def resolve_model(config: RunConfig, out: Path | None) -> tuple[Path | None, Any, Any]:
+    """The run's policy model: ``(folder, tokenizer, FLOPs geometry)``.
+
+    A scripted engine without ``config.model`` needs no weights: the tiny tokenizer (built in memory) and
+    the tiny model's geometry price its episodes. A model engine without ``config.model`` gets the tiny
+    model built into ``out/model``.
+    """
+    from ctxrl.env.tokenizer import load_tokenizer, load_tokenizer_dir
+    from ctxrl.train.tiny_model import tiny_geometry
+
+    if config.model is None and config.engine.name == "scripted":
+        return None, load_tokenizer(None), tiny_geometry()
+    if config.model is None and out is None:
+        raise UsageError(
+            "give the model (--model DIR) or a run folder (--out DIR) to build the tiny model in"
+        )
+    folder = model_dir(config, out or Path("."))
+    return folder, load_tokenizer_dir(folder), geometry(folder)
+
+
+def geometry(folder: Path) -> Any:
+    """The FLOPs geometry of the model in ``folder``; None (FLOPs not priced, tokens still are) when its
+    config cannot be read."""
+    from ctxrl.rewards.cost import ModelGeometry
+
+    try:
+        return ModelGeometry.from_config(json.loads((folder / "config.json").read_text(encoding="utf-8")))
+    except (OSError, ValueError, ConfigError):
+        return None
+
+
+_TOOL_NAME = re.compile(r'"function": \{"name": "([^"]+)"')
+
+
+def probe_policy(tokenizer: Any, calls_before_submit: int = 3) -> Callable[[list[int]], str]:
+    """The ``scripted`` engine's default policy: a probe that exercises the environment without a model.
+
+    On its k-th turn it calls the k-th tool listed in the prompt (round robin, submit excluded) with no
+    arguments; after ``calls_before_submit`` turns it submits an empty answer. It never succeeds; it shows
+    that tasks, tools, sandbox, receipts and records work end to end.
+    """
+
+    def policy(prompt_ids: list[int]) -> str:
+        text = tokenizer.decode(prompt_ids)
+        turn = text.count("<|im_start|>assistant") - 1
+        names = [n for n in dict.fromkeys(_TOOL_NAME.findall(text)) if n != "submit"]
+        if turn >= calls_before_submit or not names:
+            name, arguments = "submit", {"answer": ""}
+        else:
+            name, arguments = names[turn % len(names)], {}
+        return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+    return policy
+
+
+def scripted_policy(spec: str | None, tokenizer: Any) -> Callable[[list[int]], str]:
+    """The scripted engine's policy named by ``engine.policy``: a scripted reference policy's name (it sees
+    the decoded prompt only), ``MODULE:FUNCTION`` of a factory ``f(tokenizer)``, or the probe for None."""
+    from ctxrl.env.policies import POLICY_MODES, make_policy
+    from ctxrl.train.engines.scripted import text_policy
+
+    if spec is None:
+        return probe_policy(tokenizer)
+    if spec in POLICY_MODES:
+        return text_policy(make_policy(spec), tokenizer)
+    module, sep, name = spec.partition(":")
+    if not sep:
+        raise UsageError(
+            f"engine.policy={spec}: not a scripted policy ({', '.join(POLICY_MODES)}) nor MODULE:FUNCTION"
+        )
+    try:
+        factory = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise UsageError(f"engine.policy={spec}: cannot import it ({exc}); give MODULE:FUNCTION") from None
+    policy: Callable[[list[int]], str] = factory(tokenizer)
+    return policy
+
+
+def build_engine(config: RunConfig, folder: Path | None, tokenizer: Any) -> Any:
+    """The engine of ``config.engine`` on the model in ``folder`` (checked first, before any start-up)."""
+    from ctxrl.train.engines import make_engine
+    from ctxrl.train.engines.model_dir import check_causal_lm_dir
+
+    cfg = config.engine
+    if cfg.name == "scripted":
+        return make_engine(cfg, folder, tokenizer=tokenizer, policy=scripted_policy(cfg.policy, tokenizer))
+    if cfg.name == "vllm-server" and cfg.server_url is not None:
+        return make_engine(cfg)
+    assert folder is not None
+    check_causal_lm_dir(folder)  # before a minute of engine start-up
+    return make_engine(cfg, folder)

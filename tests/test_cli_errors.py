@@ -1,0 +1,90 @@
+"""Every user mistake on the command line is one line on stderr and exit 1 (or 2 for argparse's usage
+errors), found before any episode runs, and never a traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ctxrl.cli import main
+
+
+def _setup(tmp_path: Path) -> dict[str, str]:
+    (tmp_path / "file.txt").write_text("user data")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("user data")
+    (tmp_path / "bad.yaml").write_text("engine: [unclosed\n")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    (tmp_path / "nomodel").mkdir()
+    (tmp_path / "nomodel" / "tokenizer.json").write_text("{}")
+    return {
+        "file": str(tmp_path / "file.txt"),
+        "full": str(tmp_path / "full"),
+        "new": str(tmp_path / "new"),
+        "bad_yaml": str(tmp_path / "bad.yaml"),
+        "list_yaml": str(tmp_path / "list.yaml"),
+        "nomodel": str(tmp_path / "nomodel"),
+        "dir": str(tmp_path),
+    }
+
+
+SCRIPTED = "engine.name=scripted"
+CASES: list[tuple[list[str], int, str]] = [
+    # (argv with {placeholders}, exit status, a piece of the one error line)
+    (["tiny-model", "--out", "/dev/null/x"], 1, "cannot write the tiny model to /dev/null/x"),
+    (["tiny-model", "--out", "{full}"], 1, "not empty"),
+    (["tiny-model", "--out", "{new}", "--seed", "abc"], 2, "invalid int value"),
+    (["rollout", "--out", "{file}"], 1, "exists and is not a folder"),
+    (["rollout", "--out", "{full}"], 1, "is not empty; pass --overwrite"),
+    (["rollout", "--out", "{new}", "tasks.count=0"], 1, "count must be >= 1"),
+    (["rollout", "--out", "{new}", "rollout.mode=notes"], 1, "unknown mode 'notes'"),
+    (["rollout", "--out", "{new}", "rollout.group_size=four"], 1, "rollout.group_size must be int"),
+    (["rollout", "--out", "{new}", "rollout.gropu_size=4"], 1, "did you mean 'group_size'"),
+    (["rollout", "--out", "{new}", "not-an-override"], 1, "must look like key=value"),
+    (["rollout", "--out", "{new}", "--config", "{dir}/missing.yaml"], 1, "cannot read config file"),
+    (["rollout", "--out", "{new}", "--config", "{bad_yaml}"], 1, "is not valid YAML"),
+    (["rollout", "--out", "{new}", "--config", "{list_yaml}"], 1, "must hold a mapping"),
+    (["rollout", "--out", "{new}", "--model", "{nomodel}", "engine.name=hf"], 1, "has no config.json"),
+    (["rollout", "--out", "{new}", SCRIPTED, "engine.policy=nomodule:fn"], 1, "cannot import it"),
+    (["rollout", "--out", "{new}", "tasks.families=[chess]"], 1, "unknown family 'chess'"),
+    (["rollout", "--tasks", "4"], 2, "unrecognized arguments: --tasks"),
+    (["eval", SCRIPTED, "--out", "{file}"], 1, "exists and is not a folder"),
+    (["eval", SCRIPTED, "--json", "{dir}"], 1, "is a folder; give a file name"),
+    (["eval", SCRIPTED, "--json", "{file}/x.json"], 1, "is not a folder"),
+    (["eval", SCRIPTED, "eval.policies=[greedy]"], 1, "unknown policy 'greedy'"),
+    (["eval", SCRIPTED, "eval.episodes=0"], 1, "episodes must be >= 1"),
+    (["eval", "engine.name=llama"], 1, "engine.name must be one of"),
+    (["eval", "--episodes", "3"], 2, "unrecognized arguments: --episodes"),
+    (["bench", "nope"], 2, "invalid choice: 'nope'"),
+    (["bench", "harness", "--json", "{dir}"], 1, "is a folder; give a file name"),
+    (["quickstart", "--out", "{file}"], 1, "exists and is not a folder"),
+    (["quickstart", "--out", "{full}"], 1, "is not empty; pass --overwrite"),
+    ([], 2, "the following arguments are required: COMMAND"),
+]
+
+
+@pytest.mark.parametrize(("argv", "status", "message"), CASES, ids=[" ".join(c[0])[:60] for c in CASES])
+def test_bad_invocation_is_one_line(
+    argv: list[str], status: int, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    paths = _setup(tmp_path)
+    args = [a.format(**paths) for a in argv]
+    try:
+        rc = main(args)
+    except SystemExit as exc:  # argparse's usage errors
+        rc = int(exc.code or 0)
+    err = capsys.readouterr().err
+    assert rc == status, err
+    assert err.count("\n") == 1 and err.endswith("\n"), err
+    assert message in err, err
+    assert "Traceback" not in err
+    # nothing the user had was lost, and no episode ran (no trajectories anywhere)
+    assert (tmp_path / "file.txt").read_text() == "user data"
+    assert (tmp_path / "full" / "keep.txt").read_text() == "user data"
+    assert not list(tmp_path.rglob("trajectories.jsonl"))
+
+
+def test_at_least_fifteen_cases_across_every_subcommand() -> None:
+    commands = {c[0][0] for c in CASES if c[0]}
+    assert len(CASES) >= 15 and commands == {"tiny-model", "rollout", "eval", "bench", "quickstart"}

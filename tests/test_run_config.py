@@ -1,0 +1,65 @@
+"""The run config: every file in configs/ loads, the resolved config round-trips through YAML, sections are
+the layers' own typed configs, and a mistake names the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ctxrl.commands.config import RunConfig, dump_run_config, load_run_config
+from ctxrl.env.config import HarnessConfig
+from ctxrl.errors import ConfigError
+from ctxrl.rewards.advantages import AdvantageConfig
+from ctxrl.train.engines import EngineConfig, SamplingConfig
+from ctxrl.train.rollout import RolloutConfig
+
+CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
+
+
+def test_there_are_configs() -> None:
+    assert len(CONFIGS) >= 3
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_every_config_file_loads_and_round_trips(path: Path, tmp_path: Path) -> None:
+    config = load_run_config(path)
+    assert isinstance(config, RunConfig)
+    assert path.read_text().startswith("# ctxrl "), "each config's header says the command it is for"
+    again = tmp_path / "again.yaml"
+    again.write_text(dump_run_config(config))
+    assert load_run_config(again) == config
+
+
+def test_sections_are_the_layers_typed_configs_and_defaults_live_there() -> None:
+    config = load_run_config(None)
+    assert config.engine == EngineConfig() and config.sampling == SamplingConfig()
+    assert config.harness == HarnessConfig() and config.rollout == RolloutConfig()
+    assert config.advantages == AdvantageConfig() and config.advantages.w_eff == 0.25
+
+
+def test_overrides_reach_every_section() -> None:
+    config = load_run_config(
+        Path(__file__).parents[1] / "configs" / "rollout.yaml",
+        ["advantages.w_eff=0.5", "harness.modes.tools.max_pins=3", "rollout.mode=usage", "engine.name=hf"],
+    )
+    assert config.advantages.w_eff == 0.5 and config.harness.modes.tools.max_pins == 3
+    assert (config.rollout.mode, config.engine.name, config.rollout.group_size) == ("usage", "hf", 4)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("advantages.w_eff=-1", "w_eff must be >= 0"),
+        ("rollout.mode=notes", "unknown mode 'notes'"),
+        ("sampling.top_p=0", "top_p must be in (0, 1]"),
+        ("engine.nme=hf", "unknown config key 'engine.nme'; did you mean 'name'?"),
+        ("tasks.split=holdout", "unknown split 'holdout'"),
+        ("harness.budget=big", "harness.budget must be int"),
+    ],
+)
+def test_a_mistake_names_the_key(override: str, message: str) -> None:
+    with pytest.raises(
+        ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")
+    ):
+        load_run_config(None, [override])
