@@ -21,7 +21,9 @@ from ctxrl.evolve.gate import (
 )
 
 
-def paired(cand: list[float], inc: list[float], cc: list[float] | None = None, ic: list[float] | None = None) -> Paired:
+def paired(
+    cand: list[float], inc: list[float], cc: list[float] | None = None, ic: list[float] | None = None
+) -> Paired:
     n = len(cand)
     return Paired(
         tuple(f"t{i}" for i in range(n)),
