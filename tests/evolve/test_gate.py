@@ -199,3 +199,12 @@ def test_power_under_a_15_point_improvement() -> None:
     r = simulate_gate(CtxrlGate(), nights=200, proposals=5, tasks=40, repeats=4, effect=0.15, seed=2)
     assert r.first_accept_rate >= 0.7
     assert r.night_accept_rate >= 0.85
+
+
+def test_docstring_examples() -> None:
+    import doctest
+
+    import ctxrl.evolve.gate as gate
+
+    result = doctest.testmod(gate)
+    assert result.attempted == 3 and result.failed == 0

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from statistics import NormalDist, fmean
 from typing import Any
 
@@ -164,7 +164,6 @@ class GateDecision:
     e_cheaper: float | None = None
     episodes_saved: int = 0
     """Candidate dev episodes not run because the evaluation stopped early."""
-    extra: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
