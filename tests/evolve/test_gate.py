@@ -178,7 +178,7 @@ def test_null_nights_reference_accepts_noise_ctxrl_holds_alpha() -> None:
     # the reference rule accepts about half of all noise proposals, so every night accepts noise
     assert ref.proposal_accept_rate > 0.4
     assert ref.night_accept_rate == 1.0
-    # ctxrl's rule: at most alpha of the nights accept anything (measured 0.013 at these settings)
+    # ctxrl's rule: at most alpha of the nights accept anything (measured 0.017 at these settings, 5 of 300 nights)
     assert ours.night_accept_rate <= 0.05
     # and futility stops save more than half of the candidates' dev episodes under the null
     assert ours.saved_fraction > 0.5
@@ -197,6 +197,7 @@ def test_power_under_a_15_point_improvement() -> None:
     """+15 points on every task, 40 dev tasks x 4 repeats: the first proposal of a night is accepted most of the
     time, and a night of such proposals almost always accepts one."""
     r = simulate_gate(CtxrlGate(), nights=200, proposals=5, tasks=40, repeats=4, effect=0.15, seed=2)
+    # measured: k=1 accepted in 0.805 of nights, a night of 5 accepts one in 0.96
     assert r.first_accept_rate >= 0.7
     assert r.night_accept_rate >= 0.85
 
