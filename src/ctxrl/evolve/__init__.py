@@ -1,1 +1,21 @@
-"""Skill evolution: skills and their lineage, proposers, the paired held-out gate, the overnight loop."""
+"""Skill evolution: skills and their lineage, contrastive notes, proposers, the paired held-out gate.
+
+One round is a short composition of the pieces (``tests/evolve/evolve_driver.py`` runs it with a fake
+evaluator; the overnight loop adds the episode factory, progress and the report):
+
+1. ``lineage.begin_round(r)``; the incumbent (:meth:`~ctxrl.evolve.lineage.Lineage.incumbent`) runs the train
+   tasks with repeats, each graded episode recorded as it completes (:meth:`~ctxrl.evolve.lineage.Lineage.record_episode`,
+   skipping :meth:`~ctxrl.evolve.lineage.Lineage.graded` ones on resume);
+2. :func:`~ctxrl.evolve.notes.build_notes` over those episodes;
+3. a :class:`~ctxrl.evolve.proposers.Proposer` writes N candidates, each checked by
+   :func:`~ctxrl.evolve.skill.validate_candidate` and stored with
+   :meth:`~ctxrl.evolve.lineage.Lineage.record_proposals` (dropped ones with their reason);
+4. each candidate and the incumbent run the same dev tasks and seeds, look by look
+   (:meth:`~ctxrl.evolve.gate.CtxrlGate.looks`), until :meth:`~ctxrl.evolve.gate.CtxrlGate.decide` decides, with
+   the candidate's proposal number from :meth:`~ctxrl.evolve.lineage.Lineage.gate_index`;
+5. :func:`~ctxrl.evolve.gate.choose` among the accepted; :meth:`~ctxrl.evolve.lineage.Lineage.finish_round`
+   promotes the winner and rewrites ``best_skill/SKILL.md``.
+
+Modules: :mod:`~ctxrl.evolve.skill`, :mod:`~ctxrl.evolve.notes`, :mod:`~ctxrl.evolve.proposers`,
+:mod:`~ctxrl.evolve.gate`, :mod:`~ctxrl.evolve.lineage`. Importing them needs neither torch nor vLLM.
+"""

@@ -1,0 +1,262 @@
+"""Proposers: from contrastive notes and the incumbent skill to N candidate rewrites.
+
+A :class:`Proposer` returns raw candidate documents (frontmatter + body, see :mod:`ctxrl.evolve.skill`); the
+round validates each with :func:`ctxrl.evolve.skill.validate_candidate` and drops, never repairs, what fails.
+Every candidate must cite the note steps it targets (``targets: [n1.B.s7] ...``) and predict its effect
+(``predicts: ...``).
+
+- :class:`ChatProposer`: any chat model behind a ``complete(messages) -> str`` function, one call per
+  candidate. The policy model itself can propose through its engine this way (self-evolution).
+- :class:`OpenAIProposer`: a :class:`ChatProposer` over an OpenAI-compatible ``/v1/chat/completions`` endpoint
+  (a vLLM server, a hosted API), with the standard library's HTTP client: a timeout per request, retries
+  with exponential backoff on connection errors, timeouts, HTTP 429 and 5xx, and one clear error naming the
+  URL when it stays unreachable.
+- :class:`OfflineProposer`: **deterministic and rule-based, for tests and the CPU quickstart; it is not a
+  model.** It reads the notes' structured digests and edits one habit sentence of the skill, the compaction
+  threshold (:data:`COMPACT_SENTENCE`): failures that passed the context limit or got urgent nudges lower it;
+  successes that cost more because they edited more often raise it. Each of its N candidates moves the
+  threshold by a different step, cites the steps that showed the problem and predicts the direction of the
+  effect. A policy whose behaviour follows that sentence (the scripted skill-reading manager) can then improve
+  under evolution; a real model reads it as an instruction like any other.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ctxrl.errors import CtxrlError
+from ctxrl.evolve.notes import ContrastNote, render_notes
+from ctxrl.evolve.skill import MAX_BODY_CHARS, Skill
+
+Message = dict[str, str]
+
+
+class ProposerError(CtxrlError):
+    """A proposer could not produce candidates (endpoint unreachable, refused, or answering nonsense)."""
+
+
+class Proposer(Protocol):
+    """Contrastive notes + the incumbent skill -> ``n`` raw candidate documents for ``round``."""
+
+    def propose(
+        self, incumbent: Skill, notes: Sequence[ContrastNote], n: int, *, round: int
+    ) -> list[str]: ...
+
+
+# ------------------------------------------------------------------------------------------- the prompt
+
+INSTRUCTIONS = """You improve a context-management skill: the markdown text in an agent's system prompt that \
+tells it how to manage its limited context window. You get the current skill and contrastive notes: for each \
+task, a better run (A) and a worse run (B) of the same skill, one line per step (s0 is the first step) with the \
+context size after the step, the calls, the context receipts and the budget nudges.
+
+Write ONE full rewrite of the skill that would turn the worse runs into the better ones. Reply with the skill \
+document only: no code fence, nothing before or after it. The document is:
+
+---
+mode: {mode}
+parent: {parent}
+round: {round}
+targets: <citations of the steps your rewrite targets, e.g. [n1.B.s7] [n2.B.s12], copied from the notes>
+predicts: <one line: the effect you expect on success and on cost>
+---
+<the new skill, markdown, at most {max_chars} characters>"""
+
+
+def proposer_messages(
+    incumbent: Skill, notes: Sequence[ContrastNote], *, round: int, variant: int
+) -> list[Message]:
+    """The chat messages asking for one candidate (``variant`` numbers the candidates of one round, so a
+    sampled model is nudged to give different rewrites)."""
+    system = INSTRUCTIONS.format(
+        mode=incumbent.mode, parent=incumbent.id, round=round, max_chars=MAX_BODY_CHARS
+    )
+    user = (
+        f"Current skill (id {incumbent.id}):\n\n{incumbent.body}\n\n"
+        f"Contrastive notes:\n\n{render_notes(notes)}\n\n"
+        f"Write candidate {variant + 1}."
+    )
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+@dataclass
+class ChatProposer:
+    """One chat completion per candidate, through ``complete(messages) -> text`` (a served model, or the
+    policy model through its engine)."""
+
+    complete: Callable[[list[Message]], str]
+
+    def propose(self, incumbent: Skill, notes: Sequence[ContrastNote], n: int, *, round: int) -> list[str]:
+        return [
+            self.complete(proposer_messages(incumbent, notes, round=round, variant=i)).strip()
+            for i in range(n)
+        ]
+
+
+# ------------------------------------------------------------------------------------------- HTTP
+
+_RETRY_STATUS = (408, 429, 500, 502, 503, 504)
+
+
+@dataclass
+class OpenAIChat:
+    """``complete(messages)`` over an OpenAI-compatible ``POST {base_url}/chat/completions``."""
+
+    base_url: str
+    """E.g. ``http://127.0.0.1:8000/v1`` (a vLLM server) or ``https://api.openai.com/v1``."""
+    model: str
+    api_key: str | None = None
+    timeout_s: float = 120.0
+    retries: int = 3
+    """Attempts after the first, on connection errors, timeouts, HTTP 408/429/5xx."""
+    backoff_s: float = 2.0
+    """Wait before retry i: backoff_s * 2**i."""
+    temperature: float = 0.9
+    max_tokens: int = 2048
+    sleep: Callable[[float], None] = time.sleep
+
+    @property
+    def url(self) -> str:
+        return self.base_url.rstrip("/") + "/chat/completions"
+
+    def __call__(self, messages: list[Message]) -> str:
+        body = json.dumps(
+            {
+                "model": self.model,
+                "messages": messages,
+                "temperature": self.temperature,
+                "max_tokens": self.max_tokens,
+            }
+        ).encode("utf-8")
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        last = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                self.sleep(self.backoff_s * 2 ** (attempt - 1))
+            request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                    raw = response.read()
+            except urllib.error.HTTPError as exc:
+                detail = exc.read()[:200].decode("utf-8", "replace").replace("\n", " ")
+                if exc.code not in _RETRY_STATUS:
+                    raise ProposerError(
+                        f"proposer endpoint {self.url} answered HTTP {exc.code}: {detail}"
+                    ) from None
+                last = f"HTTP {exc.code}: {detail}"
+                continue
+            except (OSError, http.client.HTTPException) as exc:  # URLError, timeouts, resets, cut answers
+                reason = getattr(exc, "reason", exc)
+                last = f"{type(reason).__name__}: {reason}" if not isinstance(reason, str) else reason
+                continue
+            return _content(raw, self.url)
+        raise ProposerError(
+            f"proposer endpoint {self.url} unreachable after {self.retries + 1} attempts ({last})"
+        )
+
+
+def _content(raw: bytes, url: str) -> str:
+    try:
+        data: Any = json.loads(raw)
+        content = data["choices"][0]["message"]["content"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise ProposerError(
+            f"proposer endpoint {url} did not answer like /v1/chat/completions: {raw[:120]!r}"
+        ) from None
+    if not isinstance(content, str):
+        raise ProposerError(f"proposer endpoint {url} returned no text content")
+    return content
+
+
+class OpenAIProposer:
+    """A :class:`ChatProposer` over an OpenAI-compatible endpoint (options: those of :class:`OpenAIChat`)."""
+
+    def __init__(self, base_url: str, model: str, **options: Any) -> None:
+        self.chat = OpenAIChat(base_url, model, **options)
+
+    def propose(self, incumbent: Skill, notes: Sequence[ContrastNote], n: int, *, round: int) -> list[str]:
+        return ChatProposer(self.chat).propose(incumbent, notes, n, round=round)
+
+
+# ------------------------------------------------------------------------------------------- offline
+
+COMPACT_SENTENCE = "Compact when the context reaches {percent}% of the limit."
+COMPACT_PATTERN = re.compile(r"Compact when the context reaches (\d{1,3})% of the limit\.")
+"""The habit sentence the offline proposer edits; a skill-reading scripted policy takes its threshold from it."""
+DEFAULT_PERCENT = 60
+"""The threshold a skill without the sentence is taken to have (the scripted managers' default fill, 0.6)."""
+LOWER_STEPS = (10, 20, 5, 15, 25)
+RAISE_STEPS = (10, 5, 15, 20, 25)
+MIN_PERCENT, MAX_PERCENT = 20, 90
+
+
+def compact_percent(body: str) -> int | None:
+    """The compaction threshold a skill states, in percent of the limit, or None when it states none."""
+    match = COMPACT_PATTERN.search(body)
+    return int(match.group(1)) if match else None
+
+
+def with_compact_percent(body: str, percent: int) -> str:
+    """``body`` with its compaction sentence set to ``percent`` (appended as a line if it has none)."""
+    sentence = COMPACT_SENTENCE.format(percent=percent)
+    if COMPACT_PATTERN.search(body):
+        return COMPACT_PATTERN.sub(sentence, body, count=1)
+    return body.rstrip() + "\n" + sentence
+
+
+class OfflineProposer:
+    """Deterministic rule-based rewrites of the compaction threshold (see the module docstring). Not a model:
+    for tests and the CPU quickstart. Returns fewer than ``n`` (possibly none) when the notes show nothing to
+    act on or the threshold is at its bound."""
+
+    def propose(self, incumbent: Skill, notes: Sequence[ContrastNote], n: int, *, round: int) -> list[str]:
+        pressure: list[str] = []  # citations of steps where a worse run hit the limit or got urgent nudges
+        for note in notes:
+            run = note.worse
+            if not run.success and (run.overflowed or run.urgent_steps):
+                pressure.extend(f"[{note.label}.B.s{s}]" for s in run.urgent_steps[:2])
+                if not run.urgent_steps and run.steps:
+                    pressure.append(f"[{note.label}.B.s{run.steps[-1].index}]")
+        over_editing: list[str] = []  # citations of edits of dearer successes that edited more often
+        for note in notes:
+            if note.kind == "cost" and len(note.worse.edit_steps) > len(note.better.edit_steps):
+                over_editing.extend(f"[{note.label}.B.s{s}]" for s in note.worse.edit_steps[:2])
+        current = compact_percent(incumbent.body) or DEFAULT_PERCENT
+        if pressure:
+            targets, steps, sign = pressure, LOWER_STEPS, -1
+            why = f"{len(pressure)} cited step(s) of failed runs were at or past the limit"
+            predicts = (
+                "fewer overflows and urgent steps; success up; cost up slightly from earlier compactions"
+            )
+        elif over_editing:
+            targets, steps, sign = over_editing, RAISE_STEPS, +1
+            why = "dearer successes compacted more often"
+            predicts = "fewer compactions; cost down; success about the same"
+        else:
+            return []
+        out: list[str] = []
+        seen: set[int] = set()
+        for step in steps[:n]:
+            percent = min(MAX_PERCENT, max(MIN_PERCENT, current + sign * step))
+            if percent == current or percent in seen:
+                continue
+            seen.add(percent)
+            body = with_compact_percent(incumbent.body, percent)
+            out.append(
+                "---\n"
+                f"mode: {incumbent.mode}\nparent: {incumbent.id}\nround: {round}\n"
+                f"targets: {' '.join(dict.fromkeys(targets[:6]))}\n"
+                f"predicts: threshold {current}% -> {percent}% ({why}): {predicts}\n"
+                f"---\n{body}\n"
+            )
+        return out

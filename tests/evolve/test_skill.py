@@ -1,0 +1,106 @@
+"""Skill files: round trip, strict parsing, and validation that drops (never repairs) a bad candidate."""
+
+from __future__ import annotations
+
+import pytest
+
+from ctxrl.env.skills import DEFAULT_SKILLS
+from ctxrl.evolve.skill import Dropped, Skill, SkillFormatError, parse_skill, seed_skill, validate_candidate
+from ctxrl.train.trajectory import skill_id
+
+INC = seed_skill("file")
+KNOWN = frozenset({"[n1.B.s3]", "[n1.A.s0]", "[n2.B.s7]"})
+
+
+def doc(**over: str) -> str:
+    keys = {
+        "mode": "file",
+        "parent": INC.id,
+        "round": "1",
+        "targets": "[n1.B.s3] [n2.B.s7]",
+        "predicts": "fewer overflows",
+    }
+    keys.update(over)
+    body = keys.pop("body", "## Managing your context\nCompact early.")
+    head = "".join(f"{k}: {v}\n" for k, v in keys.items() if v != "<omit>")
+    return f"---\n{head}---\n{body}\n"
+
+
+def test_seed_skill_is_the_default_text_with_the_trajectory_id() -> None:
+    assert INC.body == DEFAULT_SKILLS["file"].strip()
+    assert INC.id == skill_id(DEFAULT_SKILLS["file"].strip())
+    assert (INC.parent, INC.round, INC.targets) == (None, 0, ())
+
+
+def test_round_trip() -> None:
+    skill = Skill("## Ctx\nbody line", "tools", "0123456789abcdef", 3, ("[n1.B.s2]",), "success up")
+    text = skill.to_markdown()
+    assert text == (
+        f"---\nid: {skill.id}\nmode: tools\nparent: 0123456789abcdef\nround: 3\n"
+        "targets: [n1.B.s2]\npredicts: success up\n---\n## Ctx\nbody line\n"
+    )
+    assert parse_skill(text) == skill
+    assert parse_skill(INC.to_markdown()) == INC
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("no frontmatter", "no frontmatter"),
+        ("---\nmode: file\n", "not closed"),
+        ("---\nmode file\n---\nx", "not 'key: value'"),
+        ("---\ncolour: red\n---\nx", "unknown frontmatter key 'colour'"),
+        ("---\nmode: a\nmode: b\n---\nx", "given twice"),
+        ("---\nmode: file\nparent: none\nround: 1\n---\n", "empty body"),
+        ("---\nmode: file\nparent: none\nround: x\n---\nb", "non-negative integer"),
+        ("---\nmode: file\nparent: none\nround: 0\nid: 0000000000000000\n---\nb", "is not the id"),
+    ],
+)
+def test_parse_rejects_with_a_reason(text: str, message: str) -> None:
+    with pytest.raises(SkillFormatError, match=message):
+        parse_skill(text)
+
+
+def test_valid_candidate_gets_incumbent_parent_and_round() -> None:
+    got = validate_candidate(doc(), incumbent=INC, round=1, known_steps=KNOWN)
+    assert isinstance(got, Skill)
+    assert got.body == "## Managing your context\nCompact early."
+    assert (got.parent, got.round, got.mode) == (INC.id, 1, "file")
+    assert got.targets == ("[n1.B.s3]", "[n2.B.s7]")
+    assert got.predicts == "fewer overflows"
+
+
+@pytest.mark.parametrize(
+    ("over", "reason"),
+    [
+        ({"mode": "tools"}, "mode 'tools' does not match"),
+        ({"mode": "<omit>"}, "lacks 'mode'"),
+        ({"body": ""}, "empty body"),
+        ({"body": "x" * 4001}, "4001 characters exceeds the cap of 4000"),
+        ({"body": INC.body}, "identical to the incumbent"),
+        ({"parent": "ffffffffffffffff"}, "is not the incumbent"),
+        ({"round": "2"}, "is not the current round 1"),
+        ({"targets": "<omit>"}, "no citation"),
+        ({"targets": "steps 3 and 7"}, "stray text"),
+        ({"targets": "[n1.C.s3]"}, "stray text"),
+        ({"targets": "[n9.B.s1]"}, "cites steps no note shows: [n9.B.s1]"),
+        ({"predicts": "<omit>"}, "no predicted effect"),
+        ({"colour": "red"}, "unknown frontmatter key"),
+    ],
+)
+def test_malformed_candidates_are_dropped_with_the_reason(over: dict[str, str], reason: str) -> None:
+    text = doc(**over)
+    got = validate_candidate(text, incumbent=INC, round=1, known_steps=KNOWN)
+    assert isinstance(got, Dropped)
+    assert reason in got.reason
+    assert got.text == text  # kept as proposed, not repaired
+
+
+def test_a_code_fenced_document_is_dropped_not_unwrapped() -> None:
+    got = validate_candidate("```markdown\n" + doc() + "```", incumbent=INC, round=1)
+    assert isinstance(got, Dropped) and "no frontmatter" in got.reason
+
+
+def test_length_cap_is_a_parameter() -> None:
+    assert isinstance(validate_candidate(doc(body="y" * 50), incumbent=INC, round=1, max_chars=49), Dropped)
+    assert isinstance(validate_candidate(doc(body="y" * 49), incumbent=INC, round=1, max_chars=49), Skill)
