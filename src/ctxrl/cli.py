@@ -68,6 +68,19 @@ def _add_tiny_model(sub: argparse._SubParsersAction[Any]) -> None:
     p.set_defaults(run="ctxrl.commands.tiny:run_tiny_model")
 
 
+def _add_model(sub: argparse._SubParsersAction[Any]) -> None:
+    p = sub.add_parser("model", help="the model registry: list models, get one into a folder")
+    msub = p.add_subparsers(dest="model_command", metavar="COMMAND", required=True, parser_class=_Parser)
+    msub.add_parser("list", help="registry models, what they are and what getting them costs")
+    g = msub.add_parser("get", help="obtain a registry model as a Hugging Face folder (reused when done)")
+    g.add_argument("name", metavar="NAME", help="registry name (see 'ctxrl model list')")
+    g.add_argument(
+        "--out", type=Path, default=None, help="output folder (default: the cache, ~/.cache/ctxrl)"
+    )
+    g.add_argument("--force", action="store_true", help="rebuild even if OUT already holds the model")
+    p.set_defaults(run="ctxrl.commands.model:run_model")
+
+
 def _add_quickstart(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "quickstart", help="the CPU quickstart: everything that exists, end to end, on the tiny model"
@@ -120,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ctxrl {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
     _add_tiny_model(sub)
+    _add_model(sub)
     _add_quickstart(sub)
     _add_eval(sub)
     _add_rollout(sub)

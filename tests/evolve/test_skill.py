@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ctxrl.env.skills import DEFAULT_SKILLS
+from ctxrl.env.modes import default_skill
 from ctxrl.evolve.skill import Dropped, Skill, SkillFormatError, parse_skill, seed_skill, validate_candidate
 from ctxrl.train.trajectory import skill_id
 
@@ -27,8 +27,8 @@ def doc(**over: str) -> str:
 
 
 def test_seed_skill_is_the_default_text_with_the_trajectory_id() -> None:
-    assert INC.body == DEFAULT_SKILLS["file"].strip()
-    assert INC.id == skill_id(DEFAULT_SKILLS["file"].strip())
+    assert INC.body == default_skill("file").strip()
+    assert INC.id == skill_id(default_skill("file").strip())
     assert (INC.parent, INC.round, INC.targets) == (None, 0, ())
 
 

@@ -77,11 +77,16 @@ def ensure_tiny_model(folder: Path, seed: int = 0) -> Path:
 
 
 def model_dir(config: RunConfig, out: Path) -> Path:
-    """The run's model folder: ``config.model``, or the tiny model built into ``out/model``. An engine that
+    """The run's model folder: ``config.model`` (a folder, or a registry name such as
+    ``smollm2-135m-instruct``, see ``ctxrl model list``), or the tiny model built into ``out/model``. An engine that
     loads the weights gets it checked for a causal LM here, before its tokenizer loads or anything starts."""
     if config.model is None:
         return ensure_tiny_model(out / "model", seed=config.engine.seed)
+    from ctxrl.train.models import MODELS, get_model
+
     folder = Path(config.model)
+    if not folder.exists() and config.model in MODELS:  # a registry name: fetched once, then cached
+        folder = get_model(config.model)
     weights_here = not (config.engine.name == "scripted" or config.engine.server_url is not None)
     if weights_here:  # a running server or a scripted policy needs only the tokenizer
         from ctxrl.train.engines.model_dir import check_causal_lm_dir

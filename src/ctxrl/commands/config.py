@@ -89,7 +89,8 @@ class RunConfig:
     """A whole run: the model, the engine, sampling, the harness, tasks, rollouts, advantages, eval."""
 
     model: str | None = None
-    """Model folder (any Hugging Face causal-LM folder); None: the tiny model, built into the run folder."""
+    """Model folder (any Hugging Face causal-LM folder) or a registry name (`ctxrl model list`); None: the tiny
+    model, built into the run folder."""
     engine: EngineConfig = field(default_factory=EngineConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     harness: HarnessConfig = field(default_factory=HarnessConfig)

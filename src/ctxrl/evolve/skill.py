@@ -34,7 +34,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ctxrl.env.skills import DEFAULT_SKILLS
+from ctxrl.env.modes import MODES
 from ctxrl.errors import CtxrlError
 from ctxrl.train.trajectory import skill_id
 
@@ -86,10 +86,11 @@ class Skill:
 
 
 def seed_skill(mode: str) -> Skill:
-    """The mode's default skill (``ctxrl.env.skills.DEFAULT_SKILLS``) as round-0 skill with no parent."""
-    if mode not in DEFAULT_SKILLS:
-        raise SkillFormatError(f"no default skill for mode {mode!r}; modes: {', '.join(DEFAULT_SKILLS)}")
-    return Skill(body=DEFAULT_SKILLS[mode].strip(), mode=mode, parent=None, round=0)
+    """The mode's default skill (the mode registry's, ``ctxrl.env.modes.MODES``) as round-0 skill with no
+    parent."""
+    if mode not in MODES:
+        raise SkillFormatError(f"no default skill for mode {mode!r}; modes: {', '.join(MODES)}")
+    return Skill(body=MODES[mode].skill.strip(), mode=mode, parent=None, round=0)
 
 
 def split_frontmatter(text: str) -> tuple[dict[str, str], str]:
