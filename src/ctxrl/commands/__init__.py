@@ -1,0 +1,1 @@
+"""Implementations of the ``ctxrl`` subcommands; :mod:`ctxrl.cli` parses arguments and imports them lazily."""
