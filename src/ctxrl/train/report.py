@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import functools
 import html
 import io
 import json
@@ -45,10 +46,10 @@ import re
 import sqlite3
 import statistics
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from ctxrl.env.budget import READOUT
 from ctxrl.errors import UsageError
@@ -61,6 +62,8 @@ TRAJECTORIES = "trajectories.jsonl"
 METRICS = "metrics.jsonl"
 EVAL_FILES = ("eval/eval.json", "eval.json")
 EVOLVE_DB = "evolve.sqlite"
+P = ParamSpec("P")
+R = TypeVar("R")
 CANDIDATE_COLUMNS = ("id", "parent", "round", "score", "cost", "decision")
 
 EVICTION_TOOLS = frozenset({"evict_file_view", "archive_thread", "context_drop", "context_note"})
@@ -365,7 +368,8 @@ class TimelinePoint:
     added: int
     """Tokens the step added on top of what it kept."""
     freed: int
-    """Tokens of the previous editable region the step removed."""
+    """Tokens the step removed: of the previous editable region, or, on a harness eviction, of the context
+    the readout showed before the pressure pass shrank it."""
     limit: int | None
     """The enforced context limit, from the readout."""
     events: tuple[str, ...]
@@ -407,9 +411,11 @@ def context_timeline(ep: EpisodeView) -> list[TimelinePoint]:
         limit = shown[1] if shown else limit
         editable = max(0, step.context_tokens - pinned)
         kept = min(previous, editable)
-        points.append(
-            TimelinePoint(k, pinned, kept, editable - kept, previous - kept, limit, step_events(step))
-        )
+        events = step_events(step)
+        freed = previous - kept
+        if "harness eviction" in events and shown is not None:
+            freed = max(freed, shown[0] - step.context_tokens)
+        points.append(TimelinePoint(k, pinned, kept, editable - kept, freed, limit, events))
         previous = editable
     return points
 
@@ -518,8 +524,9 @@ class Plot:
 
 
 _STYLE = {
-    "font.size": 9,
-    "axes.titlesize": 10,
+    "font.size": 10,
+    "axes.titlesize": 11,
+    "legend.fontsize": 9,
     "axes.spines.top": False,
     "axes.spines.right": False,
     "axes.grid": True,
@@ -535,6 +542,19 @@ _MARKER_STYLE = {
     "harness eviction": ("d", "#8c564b"),
     "rollback": ("v", "#d62728"),
 }
+
+
+def _styled(fn: Callable[P, R]) -> Callable[P, R]:
+    """Run a plotting function under the report's matplotlib style (it applies when axes are made)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        import matplotlib
+
+        with matplotlib.rc_context(_STYLE):
+            return fn(*args, **kwargs)
+
+    return wrapper
 
 
 def _figure(width: float, height: float) -> Figure:
@@ -556,9 +576,10 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "x"
 
 
+@_styled
 def plot_metrics(rows: Sequence[MetricRow]) -> list[Plot]:
-    """One figure per metric namespace, a panel per metric, value against step (a moving mean on top when
-    a curve has 20 points or more)."""
+    """One figure per metric namespace, a panel per metric, value against step (with 20 points or more the
+    raw curve is faint and a trailing moving mean of ``n // 20`` points is drawn on top)."""
     series: dict[str, dict[str, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
     for row in rows:
         for key, value in row.values.items():
@@ -569,7 +590,7 @@ def plot_metrics(rows: Sequence[MetricRow]) -> list[Plot]:
         keys = sorted(series[namespace])
         cols = min(3, len(keys))
         nrows = math.ceil(len(keys) / cols)
-        fig = _figure(3.6 * cols, 2.6 * nrows)
+        fig = _figure(3.4 * cols, 2.5 * nrows + 0.3)
         title = f"Training curves: {namespace}"
         fig.suptitle(title)
         for i, key in enumerate(keys):
@@ -587,8 +608,7 @@ def plot_metrics(rows: Sequence[MetricRow]) -> list[Plot]:
             if len(xs) >= 20:
                 w = max(2, len(xs) // 20)
                 smooth = [statistics.fmean(ys[max(0, j - w + 1) : j + 1]) for j in range(len(ys))]
-                ax.plot(xs, smooth, lw=1.6, color="#4c78a8", label=f"mean of {w}")
-                ax.legend(loc="best", fontsize=7)
+                ax.plot(xs, smooth, lw=1.6, color="#4c78a8")
             ax.set_title(key)
             ax.set_xlabel("step")
             ax.set_ylabel(key.split("/", 1)[-1])
@@ -596,8 +616,11 @@ def plot_metrics(rows: Sequence[MetricRow]) -> list[Plot]:
     return plots
 
 
+@_styled
 def plot_timeline(ep: EpisodeView) -> Plot:
     """The context graph of one episode (see the module docstring)."""
+    from matplotlib.ticker import MaxNLocator
+
     points = context_timeline(ep)
     xs = [p.step for p in points]
     fig = _figure(9.5, 3.6)
@@ -641,12 +664,24 @@ def plot_timeline(ep: EpisodeView) -> Plot:
             )
     ax.set_ylim(0, ceiling * 1.18)
     ax.set_xlim(-0.6, len(points) - 0.4)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     verdict = "success" if ep.success else "failure"
     title = f"Context usage: {ep.task_id} · mode {ep.mode} · episode {ep.group}.{ep.index} · {verdict} ({ep.end_reason})"
     ax.set_title(title)
     ax.set_xlabel("step (0 = first prompt)")
     ax.set_ylabel("context tokens")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+    handles, labels = ax.get_legend_handles_labels()
+    rank = [label for label, _ in _BANDS] + ["freed this step"]
+    order = sorted(
+        range(len(labels)), key=lambda i: rank.index(labels[i]) if labels[i] in rank else len(rank)
+    )
+    ax.legend(
+        [handles[i] for i in order],
+        [labels[i] for i in order],
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        frameon=False,
+    )
     ident = f"plot-context-{_slug(ep.task_id)}-{ep.mode}-{ep.group}-{ep.index}"
     counts = {k: sum(k in p.events for p in points) for k in MARKERS}
     caption = (
@@ -655,6 +690,7 @@ def plot_timeline(ep: EpisodeView) -> Plot:
     return Plot(ident, title, _svg(fig), f"{len(ep.steps)} steps; {caption}.")
 
 
+@_styled
 def plot_pareto(points: Sequence[PolicyPoint], unit: str, source: str, ident: str) -> Plot:
     """Success rate (± one standard error) against mean compute per episode, the Pareto front joined."""
     fig = _figure(7.5, 4.2)
@@ -686,18 +722,40 @@ def plot_pareto(points: Sequence[PolicyPoint], unit: str, source: str, ident: st
     ax.set_ylim(-0.05, 1.05)
     title = f"Success vs compute per policy ({source})"
     ax.set_title(title)
+    if unit == "FLOPs":
+        from matplotlib.ticker import EngFormatter
+
+        ax.xaxis.set_major_formatter(EngFormatter(sep=""))
     ax.set_xlabel(f"compute per episode ({unit})")
     ax.set_ylabel("success rate")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return Plot(ident, title, _svg(fig))
 
 
+_DECISION_COLORS = {
+    "accept": "#2ca02c",
+    "accepted": "#2ca02c",
+    "promoted": "#2ca02c",
+    "kept": "#2ca02c",
+    "reject": "#d62728",
+    "rejected": "#d62728",
+    "discarded": "#d62728",
+    "seed": "#1f77b4",
+}
+"""Colours of the decisions whose meaning is plain; any other decision gets the next colour of a palette."""
+
+
 def _decision_colors(candidates: Sequence[Candidate]) -> dict[str, str]:
-    return {d: f"C{i % 10}" for i, d in enumerate(dict.fromkeys(c.decision for c in candidates))}
+    palette = iter(["#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"] * 8)
+    decisions = dict.fromkeys(c.decision for c in candidates)
+    return {d: _DECISION_COLORS.get(d.lower()) or next(palette) for d in decisions}
 
 
+@_styled
 def plot_rounds(candidates: Sequence[Candidate]) -> Plot:
     """Every candidate's score by round, coloured by decision, and the best score so far."""
+    from matplotlib.ticker import MaxNLocator
+
     colors = _decision_colors(candidates)
     fig = _figure(7.5, 3.8)
     ax = fig.add_subplot()
@@ -720,16 +778,20 @@ def plot_rounds(candidates: Sequence[Candidate]) -> Plot:
         best.append(running)
     if rounds:
         ax.step(rounds, best, where="post", color="#555555", lw=1.2, label="best so far")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     title = "Evolution: score per round"
     ax.set_title(title)
     ax.set_xlabel("round")
     ax.set_ylabel("score")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return Plot("plot-evolve-rounds", title, _svg(fig))
 
 
+@_styled
 def plot_lineage(candidates: Sequence[Candidate]) -> Plot:
     """The lineage tree: a node per candidate at (round, rank within its round), an edge from its parent."""
+    from matplotlib.ticker import MaxNLocator
+
     colors = _decision_colors(candidates)
     position: dict[str, tuple[int, int]] = {}
     per_round: dict[int, int] = defaultdict(int)
@@ -737,7 +799,7 @@ def plot_lineage(candidates: Sequence[Candidate]) -> Plot:
         position[c.id] = (c.round, per_round[c.round])
         per_round[c.round] += 1
     height = max(per_round.values(), default=1)
-    fig = _figure(7.5, min(8.0, 1.6 + 0.35 * height))
+    fig = _figure(7.5, min(8.0, max(3.0, 1.6 + 0.4 * height)))
     ax = fig.add_subplot()
     for c in candidates:
         if c.parent is not None and c.parent in position:
@@ -755,11 +817,13 @@ def plot_lineage(candidates: Sequence[Candidate]) -> Plot:
             ax.annotate(label, (x, y), xytext=(4, 3), textcoords="offset points", fontsize=6)
     ax.set_yticks([])
     ax.grid(False, axis="y")
+    ax.set_ylim(-0.6, height - 0.4)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     title = "Evolution: skill lineage"
     ax.set_title(title)
     ax.set_xlabel("round")
     ax.set_ylabel("candidates of the round")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return Plot("plot-evolve-lineage", title, _svg(fig))
 
 
@@ -772,7 +836,8 @@ h1{font-size:22px;margin-bottom:4px}h2{font-size:17px;border-bottom:1px solid #d
 margin-top:32px}.meta{color:#666}figure{margin:14px 0}figure img.plot{max-width:100%;height:auto;
 display:block}figcaption{color:#555;font-size:12px}table{border-collapse:collapse;font-size:12px;
 margin:8px 0}th,td{border:1px solid #ddd;padding:3px 7px;text-align:right}th{background:#f4f4f4}
-td.l,th.l{text-align:left}tr.overall td{font-weight:600;background:#fafafa}.notes{background:#fff8e1;
+td{white-space:nowrap}td.l,th.l{text-align:left}.row{display:flex;flex-wrap:wrap;gap:8px 24px;
+align-items:flex-start}tr.overall td{font-weight:600;background:#fafafa}.notes{background:#fff8e1;
 border:1px solid #f0d98c;padding:6px 10px}dl{display:grid;grid-template-columns:max-content auto;
 gap:2px 14px}dt{color:#666}dd{margin:0}
 """
@@ -893,7 +958,17 @@ def render_report(run: RunData, *, max_episodes: int = 6) -> tuple[str, list[Plo
     if run.metrics:
         new = plot_metrics(run.metrics)
         plots += new
-        section("Training curves", "training", [_figure_html(p) for p in new])
+        smooth = (
+            "; with 20 points or more, thin: raw, thick: trailing moving mean"
+            if len(run.metrics) >= 20
+            else ""
+        )
+        intro = f"<p>From {METRICS}, one figure per metric namespace{smooth}.</p>"
+        section(
+            "Training curves",
+            "training",
+            [intro, '<div class="row">', *(_figure_html(p) for p in new), "</div>"],
+        )
     if run.episodes:
         shown = pick_episodes(run.episodes, max_episodes)
         new = [plot_timeline(ep) for ep in shown]
