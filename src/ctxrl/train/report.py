@@ -49,7 +49,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeGuard, TypeVar
 
 from ctxrl.env.budget import READOUT
 from ctxrl.errors import UsageError
@@ -224,7 +224,7 @@ def load_episodes(path: str | Path) -> list[EpisodeView]:
     return out
 
 
-def _number(value: Any) -> bool:
+def _number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
@@ -484,7 +484,7 @@ def eval_points(summary: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> list[
                     int(row["episodes"]),
                     float(row["success"]),
                     float(se) if _number(se) else 0.0,
-                    float(row["cost"]),
+                    float(row.get("cost") or 0.0),
                 )
             )
     return out
@@ -523,7 +523,7 @@ class Plot:
     caption: str = ""
 
 
-_STYLE = {
+_STYLE: dict[Any, Any] = {
     "font.size": 10,
     "axes.titlesize": 11,
     "legend.fontsize": 9,
@@ -759,22 +759,22 @@ def plot_rounds(candidates: Sequence[Candidate]) -> Plot:
     colors = _decision_colors(candidates)
     fig = _figure(7.5, 3.8)
     ax = fig.add_subplot()
-    scored = [c for c in candidates if c.score is not None]
+    scored = [(c.round, c.score, c.decision) for c in candidates if c.score is not None]
     for decision, color in colors.items():
-        sel = [c for c in scored if c.decision == decision]
+        sel = [(r, score) for r, score, d in scored if d == decision]
         if sel:
             ax.scatter(
-                [c.round for c in sel],
-                [c.score for c in sel],
+                [r for r, _ in sel],
+                [score for _, score in sel],
                 color=color,
                 s=28,
                 label=decision or "(none)",
                 zorder=3,
             )
-    rounds = sorted({c.round for c in scored})
+    rounds = sorted({r for r, _, _ in scored})
     best, running = [], -math.inf
-    for r in rounds:
-        running = max(running, *(c.score for c in scored if c.round == r and c.score is not None))
+    for rnd in rounds:
+        running = max(running, *(score for r, score, _ in scored if r == rnd))
         best.append(running)
     if rounds:
         ax.step(rounds, best, where="post", color="#555555", lw=1.2, label="best so far")
@@ -887,11 +887,12 @@ def eval_table(summary: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
                 continue
             success = f"{_fmt(row.get('success'), '.2f')} ± {_fmt(row.get('success_se'), '.2f')}"
             cost = row.get("cost")
+            gflop = cost / 1e9 if isinstance(cost, int | float) else None
             cells = [
                 _fmt(row.get("episodes"), ".0f"),
                 success,
                 _fmt(row.get("tokens"), ",.0f"),
-                _fmt(cost / 1e9 if _number(cost) else None, ",.1f"),
+                _fmt(gflop, ",.1f"),
                 _fmt(row.get("edits"), ".1f"),
                 _fmt(row.get("rollbacks"), ".1f"),
                 *(_fmt(row.get(k), ".1f") for k in receipts),
