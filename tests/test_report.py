@@ -38,6 +38,7 @@ from ctxrl.train.report import (
     render_report,
     rollout_points,
     step_events,
+    write_page,
     write_report,
 )
 from ctxrl.train.rollout import RolloutConfig, rollout
@@ -277,11 +278,22 @@ def test_an_evolution_table_of_another_shape_is_skipped_with_a_note(
     assert run.notes == [
         "Evolution section skipped: evolve.sqlite: table 'candidates' lacks column(s) parent, round, cost, decision."
     ]
-    page, plots = render_report(run)
-    assert not any(p.id.startswith("plot-evolve") for p in plots)
+    page = write_report(tmp_path).read_text()
+    assert 'id="plot-evolve' not in page and 'id="evolution"' not in page
     assert "lacks column(s) parent, round, cost, decision" in page
-    # without an eval, success vs compute comes from the rollout, one point per mode
-    assert [p.id for p in plots if "pareto" in p.id] == ["plot-pareto-rollout"]
+    # without an eval, success vs compute comes from the rollout (one point per mode)
+    assert 'id="plot-pareto-rollout"' in page and 'id="plot-pareto-eval"' not in page
+
+
+def test_cli_writes_the_report_and_says_where(
+    run_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "sub" / "r.html"
+    assert main(["report", str(run_folder), "--out", str(out), "--episodes", "1"]) == 0
+    # 4 metric namespaces + 1 context graph + Pareto + 2 evolution plots
+    assert capsys.readouterr().out.startswith(f"wrote {out} (8 plots, ")
+    page = out.read_text()
+    assert page.count('id="plot-context-') == 1 and page.count('class="plot"') == 8
 
 
 def test_help_lists_report_without_importing_matplotlib() -> None:
@@ -337,14 +349,13 @@ def _browse(binary: str, profile: Path, *args: str) -> subprocess.CompletedProce
 
 
 def test_report_renders_every_plot_in_headless_chromium(run_folder: Path, tmp_path: Path) -> None:
-    path = write_report(run_folder, max_episodes=6)
-    page = path.read_text()
+    run = read_run(run_folder)
+    page, plots = render_report(run, max_episodes=6)
+    path = write_page(page, run_folder / "report.html")
     # self-contained: nothing to fetch at view time
     for needle in ('src="http', "href=", "<script", "<link", "@import", "url("):
         assert needle not in page, needle
 
-    run = read_run(run_folder)
-    _, plots = render_report(run)
     ids = [p.id for p in plots]
     assert len(ids) == len(set(ids))
     expected = {"plot-train-loss", "plot-train-reward", "plot-train-cost", "plot-train-rollout"}

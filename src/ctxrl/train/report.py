@@ -814,7 +814,7 @@ def plot_lineage(candidates: Sequence[Candidate]) -> Plot:
         for c in candidates:
             x, y = position[c.id]
             label = c.id if c.score is None else f"{c.id} ({c.score:.2f})"
-            ax.annotate(label, (x, y), xytext=(4, 3), textcoords="offset points", fontsize=6)
+            ax.annotate(label, (x, y), xytext=(4, 3), textcoords="offset points", fontsize=7.5)
     ax.set_yticks([])
     ax.grid(False, axis="y")
     ax.set_ylim(-0.6, height - 0.4)
@@ -970,8 +970,8 @@ def render_report(run: RunData, *, max_episodes: int = 6) -> tuple[str, list[Plo
             "training",
             [intro, '<div class="row">', *(_figure_html(p) for p in new), "</div>"],
         )
-    if run.episodes:
-        shown = pick_episodes(run.episodes, max_episodes)
+    shown = pick_episodes(run.episodes or [], max_episodes)
+    if run.episodes and shown:
         new = [plot_timeline(ep) for ep in shown]
         plots += new
         intro = (
