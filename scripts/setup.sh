@@ -26,6 +26,19 @@ if ! command -v bwrap >/dev/null 2>&1; then
   fi
 fi
 
+# The report test opens the HTML report in a real headless browser: Debian's `chromium`. Without it that
+# one test skips.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    log "installing chromium (headless browser for the report test)"
+    apt-get update -qq >/dev/null 2>&1 || true
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1 \
+      || log "warning: could not install chromium; the report's browser test will skip"
+  else
+    log "warning: chromium not found and not root; the report's browser test will skip"
+  fi
+fi
+
 stamp_file="$VENV/.ctxrl-setup-stamp"
 stamp="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)-$EXTRAS"
 if [ -x "$VENV/bin/python" ] && [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ]; then

@@ -126,6 +126,19 @@ def _add_eval(sub: argparse._SubParsersAction[Any]) -> None:
     p.set_defaults(run="ctxrl.commands.eval:run_eval")
 
 
+def _add_report(sub: argparse._SubParsersAction[Any]) -> None:
+    p = sub.add_parser("report", help="write one static HTML report of a run folder (plots, eval table)")
+    p.add_argument(
+        "folder",
+        metavar="RUN",
+        type=Path,
+        help="run folder: trajectories.jsonl, metrics.jsonl, eval/, evolve.sqlite",
+    )
+    p.add_argument("--out", type=Path, default=None, help="report file (default RUN/report.html)")
+    p.add_argument("--episodes", type=int, default=6, help="episodes with a context graph (default 6)")
+    p.set_defaults(run="ctxrl.commands.report:run_report")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="ctxrl", description="Train and evolve LLM agents that manage their own context window."
@@ -138,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_eval(sub)
     _add_rollout(sub)
     _add_bench(sub)
+    _add_report(sub)
     return parser
 
 

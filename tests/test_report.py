@@ -1,0 +1,402 @@
+"""``ctxrl report``: context-graph events read off real rollout records, hand-checked bands and fronts, clear
+errors on bad input, and the page opened in a real headless Chromium with every plot rendered.
+
+The run folder is built from real records: three scripted rollouts (file, harness and usage mode) whose
+actions are chosen to cause one of each context event, ``ctxrl eval`` on two scripted policies, metrics rows
+shaped like the trainer's, and an evolution table. The browser test keeps ``test-artifacts/report.png``
+(and the page) for people to look at.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ctxrl.cli import main
+from ctxrl.env.budget import readout
+from ctxrl.env.tasks.registry import make_task
+from ctxrl.train.engines import SamplingConfig
+from ctxrl.train.engines.scripted import ScriptedEngine
+from ctxrl.train.report import (
+    EpisodeView,
+    PolicyPoint,
+    StepView,
+    context_timeline,
+    load_episodes,
+    pareto_front,
+    parse_readout,
+    read_run,
+    render_report,
+    rollout_points,
+    step_events,
+    write_page,
+    write_report,
+)
+from ctxrl.train.rollout import RolloutConfig, rollout
+from ctxrl.train.trajectory import EpisodeRecord, save_trajectories
+
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+
+
+def call(name: str, **arguments: Any) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+# One script per mode, each action chosen for the context event it causes (or none).
+SCRIPTS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
+    "file": [
+        (call("next_chunk"), ()),
+        (call("shell", command="seq 1 2500"), ("rollback",)),  # ~9k tokens of output pass the limit
+        ("tidy " + call("shell", command="sed -i 's/registry/REG/g' context.md"), ("edit",)),
+        (call("shell", command="sed -i 's/zzzz/y/' context.md"), ("refused edit",)),  # matches nothing
+        (call("submit", answer="x"), ()),
+    ],
+    "harness": [
+        (call("next_chunk"), ()),
+        # one 9,000-character result: the pressure pass spills it (spill_chars is 8,000)
+        (call("shell", command="printf '%9000s' | tr ' ' a"), ("harness eviction",)),
+        (call("next_chunk"), ()),
+        (call("submit", answer="x"), ()),
+    ],
+    "usage": [
+        (call("shell", command="seq 1 400 > notes.txt"), ()),
+        (call("read_file", path="notes.txt"), ()),
+        (call("evict_file_view", path="notes.txt"), ("eviction",)),
+        (call("submit", answer="x"), ()),
+    ],
+}
+
+
+def scripted(actions: list[str]) -> Callable[[list[int]], str]:
+    """The i-th call returns the i-th action (one episode per engine, so calls are turns)."""
+    calls = iter(actions)
+    return lambda prompt_ids: next(calls, actions[-1])
+
+
+def scripted_episodes(tokenizer: Any, workdir: Path) -> list[EpisodeRecord]:
+    episodes: list[EpisodeRecord] = []
+    for mode, script in SCRIPTS.items():
+        engine = ScriptedEngine(scripted([a for a, _ in script]), tokenizer, max_model_len=16384)
+        config = RolloutConfig(group_size=1, mode=mode, sampling=SamplingConfig(max_new_tokens=128))
+        tasks = [make_task("retention", 1, "easy")]
+        episodes += rollout(engine, tokenizer, tasks, config, workdir=workdir / mode).episodes
+    return episodes
+
+
+def write_metrics(path: Path) -> None:
+    """Rows shaped like the trainer's: a step and namespaced numbers (one null, as a logger may write)."""
+    with path.open("w") as handle:
+        for step in range(30):
+            row = {
+                "step": step,
+                "loss/policy": 2.0 / (1 + step),
+                "loss/kl": 0.001 * step,
+                "reward/success": step / 30,
+                "cost/flops": 1e11 - 1e9 * step,
+                "rollout/tokens_per_s": None if step == 3 else 500.0 + step,
+            }
+            handle.write(json.dumps(row) + "\n")
+
+
+def write_evolution(path: Path) -> None:
+    con = sqlite3.connect(path)
+    con.execute(
+        "CREATE TABLE candidates (id TEXT, parent TEXT, round INTEGER, score REAL, cost REAL, decision TEXT)"
+    )
+    con.executemany(
+        "INSERT INTO candidates VALUES (?, ?, ?, ?, ?, ?)",
+        [
+            ("s0", None, 0, 0.40, 1e11, "seed"),
+            ("s1", "s0", 1, 0.45, 1.1e11, "accepted"),
+            ("s2", "s0", 1, 0.35, 0.9e11, "rejected"),
+            ("s3", "s1", 2, 0.52, 1.0e11, "accepted"),
+        ],
+    )
+    con.commit()
+    con.close()
+
+
+@pytest.fixture(scope="module")
+def records(tiny_tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> list[EpisodeRecord]:
+    return scripted_episodes(tiny_tokenizer, tmp_path_factory.mktemp("rollouts"))
+
+
+@pytest.fixture(scope="module")
+def run_folder(records: list[EpisodeRecord], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run = tmp_path_factory.mktemp("run")
+    save_trajectories(records, run / "trajectories.jsonl")
+    write_metrics(run / "metrics.jsonl")
+    argv = ["eval", "--policy", "append", "file-manager", "--families", "retention", "--split", "dev"]
+    argv += ["--episodes", "1", "--difficulty", "easy", "--workers", "2", "--out", str(run / "eval")]
+    assert main(argv) == 0
+    write_evolution(run / "evolve.sqlite")
+    return run
+
+
+# ------------------------------------------------------------------------------------ events and bands
+
+
+def test_events_read_off_the_records_are_what_each_scripted_action_did(records: list[EpisodeRecord]) -> None:
+    by_mode = {ep.mode: ep for ep in records}
+    assert set(by_mode) == set(SCRIPTS)
+    for mode, script in SCRIPTS.items():
+        ep = by_mode[mode]
+        assert ep.end_reason == "submit", (mode, ep.end_reason)
+        got = [step_events(StepView.of(s)) for s in ep.steps]
+        assert got == [events for _, events in script], mode
+
+
+def test_parse_readout_reads_the_harness_readout_line() -> None:
+    assert parse_readout(readout(1234, 5745)) == (1234, 5745)
+    assert parse_readout("no readout here") is None
+
+
+def _step(
+    prompt: int, context: int, shown: int, *, kinds: tuple[str, ...] = (), edited: bool = False
+) -> StepView:
+    calls = ("shell",) if kinds else ("next_chunk",)
+    return StepView(
+        prompt_tokens=prompt,
+        generated_tokens=10,
+        context_tokens=context,
+        readout=readout(shown, 1000),
+        tool_calls=calls,
+        edit_calls=(0,) if kinds else (),
+        receipt_kinds=kinds,
+        edited=edited,
+        prompt_source="extend",
+    )
+
+
+def test_context_timeline_bands_by_hand() -> None:
+    steps = (
+        _step(100, 150, 148),  # +50
+        _step(150, 180, 178),  # +30
+        _step(180, 130, 129, kinds=("applied",), edited=True),  # the edit cuts 80 of 80, adds 30
+        _step(130, 160, 400, edited=True),  # readout 400 > 160: the pressure pass freed 240
+        _step(160, 120, 120, edited=True),  # readout == context: a rollback, 40 freed
+    )
+    ep = EpisodeView("t", "retention", "file", "s", 0, 0, False, "submit", 1.0, None, steps)
+    points = context_timeline(ep)
+    assert [p.step for p in points] == [0, 1, 2, 3, 4, 5]
+    assert {p.pinned for p in points} == {100}
+    assert [(p.kept, p.added, p.freed) for p in points] == [
+        (0, 0, 0),
+        (0, 50, 0),
+        (50, 30, 0),
+        (30, 0, 50),
+        (30, 30, 240),
+        (20, 0, 40),
+    ]
+    assert [p.events for p in points] == [(), (), (), ("edit",), ("harness eviction",), ("rollback",)]
+    assert points[-1].limit == 1000 and points[0].limit is None
+
+
+def test_pareto_front_by_hand() -> None:
+    pts = [
+        PolicyPoint("append", 4, 0.0, 0.0, 50.0),
+        PolicyPoint("harness", 4, 0.0, 0.0, 800.0),  # as successful as append and dearer: beaten
+        PolicyPoint("file", 4, 1.0, 0.0, 450.0),
+        PolicyPoint("usage", 4, 1.0, 0.0, 520.0),  # as successful as file and dearer: beaten
+        PolicyPoint("tools", 4, 0.5, 0.0, 450.0),  # as costly as file and less successful: beaten
+    ]
+    assert [p.label for p in pareto_front(pts)] == ["append", "file"]
+
+
+def test_rollout_points_group_by_mode(records: list[EpisodeRecord]) -> None:
+    views = [EpisodeView.of(ep) for ep in records]
+    points, unit = rollout_points(views)
+    assert unit == "FLOPs" if all(ep.cost_flops is not None for ep in records) else "computed tokens"
+    assert sorted(p.label for p in points) == ["file", "harness", "usage"]
+    for p in points:
+        (ep,) = [e for e in records if e.mode == p.label]
+        assert p.episodes == 1 and p.success == float(ep.success) and p.success_se == 0.0
+        assert p.cost == (ep.cost_flops if unit == "FLOPs" else ep.cost_tokens)
+
+
+# ------------------------------------------------------------------------------------------- bad input
+
+
+def _error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_bad_input_is_one_line_naming_file_and_line(
+    records: list[EpisodeRecord], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert "run folder" in _error(capsys, ["report", str(tmp_path / "nope")])
+    assert "does not exist" in _error(capsys, ["report", str(tmp_path / "nope")])
+    assert "nothing to report" in _error(capsys, ["report", str(tmp_path)])
+
+    bad = tmp_path / "bad_json"
+    save_trajectories(records[:1], bad / "trajectories.jsonl")
+    with (bad / "trajectories.jsonl").open("a") as handle:
+        handle.write('{"task_id": "x", \n')
+    assert "trajectories.jsonl:2: not JSON" in _error(capsys, ["report", str(bad)])
+
+    not_record = tmp_path / "not_record"
+    not_record.mkdir()
+    (not_record / "trajectories.jsonl").write_text('{"task_id": "x"}\n')
+    assert "trajectories.jsonl:1: a EpisodeRecord record lacks family" in _error(
+        capsys, ["report", str(not_record)]
+    )
+
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    (metrics / "metrics.jsonl").write_text('{"step": 0, "loss/policy": 1}\n\n{"step": "3"}\n')
+    assert "metrics.jsonl:3: 'step' must be an integer" in _error(capsys, ["report", str(metrics)])
+
+    ev = tmp_path / "eval_bad"
+    (ev / "eval").mkdir(parents=True)
+    (ev / "eval" / "eval.json").write_text('{"summary": [1, 2]}')
+    assert "eval.json: no 'summary'" in _error(capsys, ["report", str(ev)])
+
+
+def test_an_evolution_table_of_another_shape_is_skipped_with_a_note(
+    records: list[EpisodeRecord], tmp_path: Path
+) -> None:
+    save_trajectories(records, tmp_path / "trajectories.jsonl")
+    con = sqlite3.connect(tmp_path / "evolve.sqlite")
+    con.execute("CREATE TABLE candidates (id TEXT, score REAL)")
+    con.close()
+    run = read_run(tmp_path)
+    assert run.candidates is None
+    assert run.notes == [
+        "Evolution section skipped: evolve.sqlite: table 'candidates' lacks column(s) parent, round, cost, decision."
+    ]
+    page = write_report(tmp_path).read_text()
+    assert 'id="plot-evolve' not in page and 'id="evolution"' not in page
+    assert "lacks column(s) parent, round, cost, decision" in page
+    # without an eval, success vs compute comes from the rollout (one point per mode)
+    assert 'id="plot-pareto-rollout"' in page and 'id="plot-pareto-eval"' not in page
+
+
+def test_cli_writes_the_report_and_says_where(
+    run_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "sub" / "r.html"
+    assert main(["report", str(run_folder), "--out", str(out), "--episodes", "1"]) == 0
+    # 4 metric namespaces + 1 context graph + Pareto + 2 evolution plots
+    assert capsys.readouterr().out.startswith(f"wrote {out} (8 plots, ")
+    page = out.read_text()
+    assert page.count('id="plot-context-') == 1 and page.count('class="plot"') == 8
+
+
+def test_help_lists_report_without_importing_matplotlib() -> None:
+    code = (
+        "import sys\nfrom ctxrl.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print('LOADED=' + str('matplotlib' in sys.modules))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "report" in res.stdout and res.stdout.strip().splitlines()[-1] == "LOADED=False", res.stdout
+
+
+# ---------------------------------------------------------------------------------------- the browser
+
+_CHECK = """<script>
+window.addEventListener("load", () => {
+  const plots = [...document.querySelectorAll("img.plot")].map((img) => {
+    const box = img.getBoundingClientRect();
+    return {id: img.id, alt: img.alt, complete: img.complete, natural: img.naturalWidth,
+            width: box.width, height: box.height};
+  });
+  const out = document.createElement("pre");
+  out.id = "render-check";
+  out.textContent = JSON.stringify({plots: plots, height: document.documentElement.scrollHeight});
+  document.body.appendChild(out);
+});
+</script></body>"""
+
+
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if path := shutil.which(name):
+            return path
+    return None
+
+
+def _browse(binary: str, profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--hide-scrollbars",
+        f"--user-data-dir={profile}",
+    ]
+    res = subprocess.run([binary, *flags, *args], capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res
+
+
+def test_report_renders_every_plot_in_headless_chromium(run_folder: Path, tmp_path: Path) -> None:
+    run = read_run(run_folder)
+    page, plots = render_report(run, max_episodes=6)
+    path = write_page(page, run_folder / "report.html")
+    # self-contained: nothing to fetch at view time
+    for needle in ('src="http', "href=", "<script", "<link", "@import", "url("):
+        assert needle not in page, needle
+
+    ids = [p.id for p in plots]
+    assert len(ids) == len(set(ids))
+    expected = {"plot-train-loss", "plot-train-reward", "plot-train-cost", "plot-train-rollout"}
+    expected |= {"plot-pareto-eval", "plot-evolve-rounds", "plot-evolve-lineage"}
+    assert expected <= set(ids)
+    assert sorted(i.split("-")[-3] for i in ids if i.startswith("plot-context-")) == [
+        "file",
+        "harness",
+        "usage",
+    ]
+    assert 'id="eval-table"' in page and ">file-manager</td>" in page and 'id="evolve-table"' in page
+    assert len(load_episodes(run_folder / "trajectories.jsonl")) == 3
+
+    binary = _chromium()
+    if binary is None:
+        pytest.skip(
+            "no chromium on PATH (Debian: apt-get install chromium; scripts/setup.sh does it as root)"
+        )
+    probe = tmp_path / "probe.html"
+    probe.write_text(page.replace("</body>", _CHECK))
+    dom = _browse(binary, tmp_path / "profile1", "--virtual-time-budget=10000", "--dump-dom", probe.as_uri())
+    start = dom.stdout.index('<pre id="render-check">') + len('<pre id="render-check">')
+    check = json.loads(html.unescape(dom.stdout[start : dom.stdout.index("</pre>", start)]))
+    rendered = {p["id"]: p for p in check["plots"]}
+    assert set(rendered) == set(ids)
+    for plot in plots:
+        got = rendered[plot.id]
+        assert got["complete"] and got["natural"] > 0, got  # the browser decoded the SVG
+        assert got["width"] > 200 and got["height"] > 100, got  # and laid it out at a readable size
+        assert got["alt"] == plot.title
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    shutil.copy(path, ARTIFACTS / "report.html")
+    shot = ARTIFACTS / "report.png"
+    height = min(int(check["height"]) + 40, 16000)
+    _browse(
+        binary, tmp_path / "profile2", f"--window-size=1280,{height}", f"--screenshot={shot}", path.as_uri()
+    )
+    from PIL import Image
+
+    with Image.open(shot) as image:
+        assert image.size == (1280, height)
+        colours = image.convert("RGB").getcolors(maxcolors=1 << 20)
+    assert colours is not None and len(colours) > 50  # plots, not a blank page
