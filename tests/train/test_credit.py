@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -15,7 +16,7 @@ REFERENCE = Penalties(no_tool_call=0.3, format_failure=0.2)
 
 def test_per_step_advantages_of_a_group(records: SimpleNamespace) -> None:
     # group: successes cost 100 and 300 (mean 200 -> efficiency +0.5, -0.5), two failures
-    def ep(index: int, success: bool, cost: float, edits: list[list[int]]) -> object:
+    def ep(index: int, success: bool, cost: float, edits: list[list[int]]) -> Any:
         steps = [records.step([1, 2, k], [7] * len(m), edit=m) for k, m in enumerate(edits)]
         return records.episode(steps, index=index, success=success, cost=cost)
 

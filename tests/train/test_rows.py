@@ -91,8 +91,17 @@ def test_append_only_episode_costs_its_final_context_not_steps_times_context(
 def row(n: int, episode: int) -> Row:
     ids = [100 * (episode + 1) + t for t in range(n)]
     mask = [0] * (n - 1) + [1]
-    return Row(ids, mask, [0.0] * (n - 1) + [-0.5], [0.0] * (n - 1) + [float(episode)], [0] * n,
-               [(n - 1, n)], episode, 0, (0,))
+    return Row(
+        ids,
+        mask,
+        [0.0] * (n - 1) + [-0.5],
+        [0.0] * (n - 1) + [float(episode)],
+        [0] * n,
+        [(n - 1, n)],
+        episode,
+        0,
+        (0,),
+    )
 
 
 def test_pack_rows_first_fit_decreasing() -> None:
@@ -136,7 +145,9 @@ def test_pad_rows_groups_similar_lengths_within_the_budget() -> None:
 
 def test_packing_keeps_every_loss_token_once(records: SimpleNamespace) -> None:
     eps = [records.append_only(n) for n in (1, 3, 6)]
-    rows = [r for i, ep in enumerate(eps) for r in episode_rows(ep, [[1.0] * 3] * len(ep.steps), episode_index=i)]
+    rows = [
+        r for i, ep in enumerate(eps) for r in episode_rows(ep, [[1.0] * 3] * len(ep.steps), episode_index=i)
+    ]
     for batches in (pack_rows(rows, 64), pad_rows(rows, 64, pad_id=0)):
         assert sum(mb.num_loss_tokens for mb in batches) == 3 * (1 + 3 + 6)
         assert sorted(i for mb in batches for i in mb.rows) == [0, 1, 2]

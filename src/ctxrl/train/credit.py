@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Literal
 
 import numpy as np
@@ -26,6 +27,7 @@ from ctxrl.env.actions import FORMAT_ERROR_TOOL
 from ctxrl.errors import ConfigError
 from ctxrl.rewards.advantages import AdvantageConfig, group_advantages
 from ctxrl.train.trajectory import EpisodeRecord
+
 
 @dataclass(frozen=True)
 class Penalties:
@@ -103,7 +105,9 @@ def episode_cost(episode: EpisodeRecord, unit: str) -> float:
     raise ConfigError(f"cost_unit must be 'tokens' or 'flops', got {unit!r}")
 
 
-def assign_credit(episodes: Sequence[EpisodeRecord], config: CreditConfig | None = None) -> list[EpisodeCredit]:
+def assign_credit(
+    episodes: Sequence[EpisodeRecord], config: CreditConfig | None = None
+) -> list[EpisodeCredit]:
     """One :class:`EpisodeCredit` per episode, in the order given; groups by ``EpisodeRecord.group``."""
     cfg = config or CreditConfig()
     groups: dict[int, list[int]] = {}
@@ -135,7 +139,7 @@ def assign_credit(episodes: Sequence[EpisodeRecord], config: CreditConfig | None
                 reward=rewards[j],
                 task=float(result.task[j]),
                 efficiency=float(result.efficiency[j]),
-                steps=[flat[a:b].tolist() for a, b in zip(bounds[:-1], bounds[1:])],
+                steps=[flat[a:b].tolist() for a, b in pairwise(bounds)],
                 dropped=result.dropped,
             )
     assert all(c is not None for c in out)

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from functools import partial
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -248,8 +249,9 @@ def pack_rows(rows: Sequence[Row], max_tokens: int) -> list[Microbatch]:
 
     >>> a = Row([1, 2, 3], [0, 0, 1], [0, 0, -0.5], [0, 0, 2.0], [0, 0, 0], [(2, 3)], 0, 0, (0,))
     >>> b = Row([4, 5], [0, 1], [0, -0.1], [0, 1.0], [0, 1], [(1, 2)], 1, 0, (0,))
-    >>> [mb.position_ids.tolist() for mb in pack_rows([a, b], 8)], pack_rows([a, b], 8)[0].cu_seqlens.tolist()
-    ([[0, 1, 2, 0, 1]], [0, 3, 5])
+    >>> mb = pack_rows([a, b], 8)[0]
+    >>> mb.input_ids.tolist(), mb.position_ids.tolist(), mb.cu_seqlens.tolist()
+    ([[1, 2, 3, 4, 5]], [[0, 1, 2, 0, 1]], [0, 3, 5])
     """
     _check_budget(max_tokens)
     out = []
@@ -271,6 +273,11 @@ def pack_rows(rows: Sequence[Row], max_tokens: int) -> list[Microbatch]:
             )
         )
     return out
+
+
+def _grid(values: Sequence[Sequence[float]], fill: float, dtype: type, *, width: int) -> NDArray[Any]:
+    """``values`` right-padded with ``fill`` to ``width``, as one array."""
+    return np.asarray([[*v, *([fill] * (width - len(v)))] for v in values], dtype=dtype)
 
 
 def pad_rows(rows: Sequence[Row], max_tokens: int, pad_id: int) -> list[Microbatch]:
@@ -298,9 +305,7 @@ def pad_rows(rows: Sequence[Row], max_tokens: int, pad_id: int) -> list[Microbat
     for members in groups:
         chosen = [rows[i] for i in members]
         width = max(len(r) for r in chosen)
-
-        def grid(values: Sequence[Sequence[float]], fill: float, dtype: type) -> NDArray:
-            return np.asarray([[*v, *([fill] * (width - len(v)))] for v in values], dtype=dtype)
+        grid = partial(_grid, width=width)
 
         out.append(
             Microbatch(
