@@ -1,0 +1,510 @@
+"""Stepwise GRPO, top to bottom: rollout → credit → rows → packed microbatches → loss → update → sync.
+
+    from ctxrl.config import load_config
+    from ctxrl.train.config import TrainConfig
+    from ctxrl.train.grpo import train
+    train(load_config(TrainConfig, "configs/train/tiny.yaml", ["steps=2"]))   # resume=True continues a run
+
+Under ``accelerate launch`` every rank runs this same loop on its own tasks (rank r of W takes the seeds
+``(step·W + r)·tasks_per_step …`` of the split) with its own engine; DDP averages the gradients, and the loss
+is scaled so the average is the token mean over every rank's loss tokens.
+
+One step:
+
+1. **Rollout.** ``rollout(engine, tokenizer, tasks, config.rollout)``: G episodes per task, token in / token out.
+2. **Credit.** :func:`ctxrl.train.credit.assign_credit`: shaped rewards, the task channel on every action token
+   and the efficiency channel on edit tokens; groups without signal are dropped (``drop_zero_variance``).
+3. **Rows.** :func:`ctxrl.train.rows.episode_rows`: append-only stretches share a row; an edit starts one.
+4. **Update.** Rows packed (or padded) into microbatches of at most ``max_tokens_per_microbatch`` tokens; one
+   forward and backward per microbatch, gradients accumulated, then one clipped optimiser step (or
+   ``updates_per_rollout`` steps over disjoint parts of the episodes).
+5. **Sync.** The new weights go to the engine (``engine.update_weights``; a LoRA adapter is merged on the fly).
+6. **Log.** Namespaced metrics (``rollout/``, ``reward/``, ``loss/``, ``cost/``) to ``metrics.jsonl`` and one line.
+7. **Checkpoint.** Every ``save_every`` steps: the trainable weights, the optimiser, every rank's RNG states and
+   the step, written to a temporary folder and renamed into place.
+
+Exact resume: the model, optimiser and RNG states come back, and the tasks of a step are a function of the step.
+The engine's own sampling state is not part of the engine protocol, so a resumed run samples again from the
+engine's seed: its rollouts repeat a killed run's only with a deterministic engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import random
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ctxrl.env.tasks.base import Task
+from ctxrl.env.tasks.registry import make_task
+from ctxrl.env.tasks.splits import split_seeds
+from ctxrl.errors import ConfigError, UsageError
+from ctxrl.rewards.cost import ModelGeometry
+from ctxrl.train.config import TrainConfig
+from ctxrl.train.credit import EpisodeCredit, assign_credit
+from ctxrl.train.engines.base import Engine
+from ctxrl.train.logprobs import packing_supported, token_logprobs
+from ctxrl.train.loss import LossStats, policy_loss, token_mean_scale
+from ctxrl.train.rollout import rollout
+from ctxrl.train.rows import Microbatch, Row, episode_rows, pack_rows, pad_rows, row_stats
+from ctxrl.train.trajectory import EpisodeRecord
+
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+
+
+@dataclass
+class TrainResult:
+    """What a run did: the steps it ran (this call), every step's metrics, and where it wrote."""
+
+    first_step: int
+    last_step: int
+    metrics: list[dict[str, float]]
+    output_dir: Path
+
+
+def train(
+    config: TrainConfig,
+    *,
+    engine: Engine | None = None,
+    tokenizer: Any = None,
+    resume: bool = False,
+    accelerator: Any = None,
+) -> TrainResult:
+    """Run GRPO for ``config.steps`` steps (from the latest checkpoint with ``resume``).
+
+    ``engine`` and ``tokenizer`` default to ``config.engine`` on ``config.model`` and the model's tokenizer;
+    pass them to roll out with something else (e.g. a scripted engine in tests). The engine receives the
+    weights after every update.
+    """
+    from accelerate import Accelerator
+
+    from ctxrl.train.engines import make_engine
+    from ctxrl.train.engines.model_dir import load_tokenizer
+
+    if not config.model:
+        raise ConfigError("model is empty; set model: <folder of the causal LM to train>")
+    acc = accelerator or Accelerator(cpu=not torch.cuda.is_available())
+    rank, world = acc.process_index, acc.num_processes
+    out = Path(config.output_dir)
+    if not resume and acc.is_main_process and (out / CHECKPOINTS).exists():
+        raise UsageError(f"{out} already holds checkpoints; resume the run or choose another output_dir")
+    out.mkdir(parents=True, exist_ok=True)
+    seed_everything(config.seed + rank)
+
+    # ---- model, reference, optimiser -------------------------------------------------------------------
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.model)
+    model = load_policy(config)
+    reference = None
+    if config.kl_coef > 0 and not config.lora.enabled:
+        reference = copy.deepcopy(model).eval().requires_grad_(False).to(acc.device)
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=config.lr, weight_decay=config.weight_decay
+    )
+    model, optimizer = acc.prepare(model, optimizer)
+    policy = acc.unwrap_model(model)
+    packed = config.packing == "packed" or (config.packing == "auto" and packing_supported(policy))
+    pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+    start = load_checkpoint(out, policy, optimizer, rank) if resume else 0
+    if engine is None:
+        engine = make_engine(
+            config.engine, config.model, seed=config.seed + rank, max_model_len=config.engine_max_model_len
+        )
+    if start > 0:
+        engine.update_weights(policy)
+    geometry = _geometry(policy)
+    history: list[dict[str, float]] = []
+    metrics_path = out / "metrics.jsonl"
+
+    for step in range(start, config.steps):
+        t0 = time.perf_counter()
+        # ---- 1. rollout: this rank's tasks, G episodes each -------------------------------------------
+        model.eval()
+        result = rollout(
+            engine, tokenizer, step_tasks(config, step, rank, world), config.rollout, geometry=geometry
+        )
+        episodes = result.episodes
+        rollout_s = time.perf_counter() - t0
+
+        # ---- 2. credit: shaped rewards -> per-token advantages; drop groups without signal --------------
+        credit = assign_credit(episodes, config.credit_config())
+
+        # ---- 3. rows: append-only stretches share a row, edits start one ---------------------------------
+        rows = [
+            row
+            for i, (ep, c) in enumerate(zip(episodes, credit))
+            if not c.dropped
+            for row in episode_rows(ep, c.steps, episode_index=i)
+        ]
+
+        # ---- 4. update: packed microbatches, token-mean loss, clipped optimiser step(s) ------------------
+        model.train()
+        t1 = time.perf_counter()
+        parts = _split_by_episode(rows, config.updates_per_rollout)
+        layouts = [_microbatches(part, config, packed, pad_id) for part in parts]
+        olds = _old_logprobs(model, layouts, acc.device) if config.updates_per_rollout > 1 else None
+        stats, entropy_sum, grad_norms = LossStats(), 0.0, []
+        for u, batches in enumerate(layouts):
+            n_tokens = float(
+                acc.reduce(
+                    torch.tensor(
+                        sum(mb.num_loss_tokens for mb in batches), dtype=torch.float64, device=acc.device
+                    ),
+                    "sum",
+                ).item()
+            )
+            if n_tokens == 0:
+                continue  # every rank sees the same global count, so every rank skips together
+            # every rank runs the same number of backward passes (DDP syncs on the last one)
+            n_mb = int(acc.reduce(torch.tensor(len(batches), device=acc.device), "max").item())
+            for i in range(n_mb):
+                mb = batches[i] if i < len(batches) else _empty_microbatch(pad_id)
+                sync = contextlib.nullcontext() if i == n_mb - 1 else acc.no_sync(model)
+                with sync:
+                    tensors = _to_tensors(mb, acc.device)
+                    logprobs, entropy = token_logprobs(
+                        model,
+                        tensors["input_ids"],
+                        tensors["position_ids"],
+                        tensors.get("attention_mask"),
+                        with_entropy=True,
+                    )
+                    ref = (
+                        _reference_logprobs(policy, reference, tensors, config)
+                        if config.kl_coef > 0
+                        else None
+                    )
+                    out_i = policy_loss(
+                        logprobs,
+                        None if olds is None else olds[u][i] if i < len(olds[u]) else None,
+                        tensors["old_logprobs"],
+                        tensors["advantages"],
+                        tensors["loss_mask"],
+                        config.loss_config(),
+                        num_loss_tokens=n_tokens,
+                        ref_logprobs=ref,
+                    )
+                    acc.backward(out_i.loss * token_mean_scale(world))
+                stats += out_i.stats
+                assert entropy is not None
+                entropy_sum += float((entropy * tensors["loss_mask"]).sum())
+            if config.max_grad_norm is not None:
+                grad_norms.append(float(acc.clip_grad_norm_(model.parameters(), config.max_grad_norm)))
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        train_s = time.perf_counter() - t1
+
+        # ---- 5. sync: the engine samples the next step with the new weights ------------------------------
+        t2 = time.perf_counter()
+        engine.update_weights(policy)
+        sync_s = time.perf_counter() - t2
+
+        # ---- 6. log -------------------------------------------------------------------------------------
+        metrics = {"step": float(step + 1)}
+        metrics.update(_episode_metrics(acc, episodes, credit, rows))
+        metrics.update(
+            LossStats.from_tensor(acc.reduce(stats.as_tensor().to(acc.device), "sum").cpu()).metrics()
+        )
+        loss_tokens = metrics["loss/tokens"] or 1.0
+        metrics["loss/entropy"] = (
+            float(acc.reduce(torch.tensor(entropy_sum, dtype=torch.float64, device=acc.device), "sum").item())
+            / loss_tokens
+        )
+        metrics["loss/grad_norm"] = float(np.mean(grad_norms)) if grad_norms else 0.0
+        metrics.update({f"rollout/{k.split('/', 1)[1]}": v for k, v in result.stats.metrics().items()})
+        metrics.update(
+            {
+                "time/rollout_s": rollout_s,
+                "time/train_s": train_s,
+                "time/sync_s": sync_s,
+                "time/step_s": time.perf_counter() - t0,
+                "cost/packed": float(packed),
+            }
+        )
+        history.append(metrics)
+        if acc.is_main_process:
+            with metrics_path.open("a", encoding="utf-8") as handle:
+                handle.write(json.dumps(metrics) + "\n")
+            if (step + 1) % config.log_every == 0 or step + 1 == config.steps:
+                print(_summary(metrics), flush=True)
+
+        # ---- 7. checkpoint ------------------------------------------------------------------------------
+        if step + 1 == config.steps or (config.save_every and (step + 1) % config.save_every == 0):
+            save_checkpoint(out, step + 1, policy, optimizer, acc, config)
+
+    return TrainResult(first_step=start, last_step=config.steps, metrics=history, output_dir=out)
+
+
+# ---- the pieces the loop calls ----------------------------------------------------------------------------
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def load_policy(config: TrainConfig) -> Any:
+    """The model to train, in ``config.dtype``; wrapped in a peft LoRA adapter when ``lora.enabled``."""
+    from transformers import AutoModelForCausalLM
+
+    from ctxrl.errors import ModelLoadError
+    from ctxrl.train.engines.model_dir import check_causal_lm_dir
+
+    path = check_causal_lm_dir(config.model)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, config.dtype))
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ModelLoadError(f"transformers could not load the model in {path}: {exc}") from None
+    if not config.lora.enabled:
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    lora = config.lora
+    return get_peft_model(
+        model,
+        LoraConfig(
+            r=lora.r,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=list(lora.target_modules),
+            task_type="CAUSAL_LM",
+        ),
+    )
+
+
+def step_tasks(config: TrainConfig, step: int, rank: int, world: int) -> list[Task]:
+    """The tasks of ``rank`` at ``step``: the next ``tasks_per_step`` seeds of the split (wrapping around)."""
+    seeds = split_seeds(config.split)
+    first = (step * world + rank) * config.tasks_per_step
+    return [
+        make_task(config.family, seeds[(first + j) % len(seeds)], config.difficulty)
+        for j in range(config.tasks_per_step)
+    ]
+
+
+def _geometry(model: Any) -> ModelGeometry | None:
+    try:
+        return ModelGeometry.from_config(model.config)
+    except ConfigError:
+        return None  # e.g. mixture-of-experts: cost in tokens only
+
+
+def _split_by_episode(rows: Sequence[Row], parts: int) -> list[list[Row]]:
+    """``rows`` in ``parts`` groups of whole episodes (round-robin by episode), so each update sees whole
+    episodes."""
+    if parts == 1:
+        return [list(rows)]
+    episodes = sorted({r.episode for r in rows})
+    where = {e: i % parts for i, e in enumerate(episodes)}
+    out: list[list[Row]] = [[] for _ in range(parts)]
+    for r in rows:
+        out[where[r.episode]].append(r)
+    return out
+
+
+def _microbatches(rows: Sequence[Row], config: TrainConfig, packed: bool, pad_id: int) -> list[Microbatch]:
+    if packed:
+        return pack_rows(rows, config.max_tokens_per_microbatch)
+    return pad_rows(rows, config.max_tokens_per_microbatch, pad_id)
+
+
+def _empty_microbatch(pad_id: int) -> Microbatch:
+    """Two pad tokens with no loss: keeps a rank with fewer microbatches in step with DDP's syncs."""
+    empty = Row([pad_id, pad_id], [0, 0], [0.0, 0.0], [0.0, 0.0], [0, 0], [], -1, -1, ())
+    return pad_rows([empty], 2, pad_id)[0]
+
+
+def _to_tensors(mb: Microbatch, device: Any) -> dict[str, torch.Tensor]:
+    tensors = {
+        "input_ids": torch.from_numpy(mb.input_ids).to(device),
+        "position_ids": torch.from_numpy(mb.position_ids).to(device),
+        "loss_mask": torch.from_numpy(mb.loss_mask).float().to(device),
+        "old_logprobs": torch.from_numpy(mb.old_logprobs).float().to(device),
+        "advantages": torch.from_numpy(mb.advantages).float().to(device),
+    }
+    if mb.attention_mask is not None:
+        tensors["attention_mask"] = torch.from_numpy(mb.attention_mask).to(device)
+    return tensors
+
+
+@torch.no_grad()
+def _old_logprobs(
+    model: Any, layouts: Sequence[Sequence[Microbatch]], device: Any
+) -> list[list[torch.Tensor]]:
+    """The trainer's logprobs before any update of this rollout (for updates_per_rollout > 1)."""
+    out = []
+    for batches in layouts:
+        part = []
+        for mb in batches:
+            t = _to_tensors(mb, device)
+            part.append(token_logprobs(model, t["input_ids"], t["position_ids"], t.get("attention_mask"))[0])
+        out.append(part)
+    return out
+
+
+@torch.no_grad()
+def _reference_logprobs(
+    policy: Any, reference: Any, tensors: dict[str, torch.Tensor], config: TrainConfig
+) -> torch.Tensor:
+    """Logprobs under the reference: the frozen initial model, or with LoRA the base with the adapter off."""
+    args = (tensors["input_ids"], tensors["position_ids"], tensors.get("attention_mask"))
+    if reference is not None:
+        return token_logprobs(reference, *args)[0]
+    with policy.disable_adapter():
+        return token_logprobs(policy, *args)[0]
+
+
+def _episode_metrics(
+    acc: Any, episodes: Sequence[EpisodeRecord], credit: Sequence[EpisodeCredit], rows: Sequence[Row]
+) -> dict[str, float]:
+    """Rollout, reward and cost metrics summed over ranks, then divided."""
+    groups = {ep.group: c.dropped for ep, c in zip(episodes, credit)}
+    rs = row_stats(rows, [ep for ep, c in zip(episodes, credit) if not c.dropped])
+    sums = torch.tensor(
+        [
+            len(episodes),
+            sum(ep.success for ep in episodes),
+            sum(c.reward for c in credit),
+            sum(ep.score for ep in episodes),
+            sum(ep.cost_tokens for ep in episodes),
+            sum(ep.cost_tokens for ep in episodes if ep.success),
+            sum(len(ep.steps) for ep in episodes),
+            sum(1 for ep in episodes for s in ep.steps if s.edit_calls),
+            sum(1 for ep in episodes for s in ep.steps if s.edited),
+            len(groups),
+            sum(groups.values()),
+            rs.rows,
+            rs.tokens,
+            rs.naive_tokens,
+            sum(not c.dropped for c in credit),
+        ],
+        dtype=torch.float64,
+        device=acc.device,
+    )
+    (
+        n,
+        wins,
+        reward,
+        score,
+        cost,
+        win_cost,
+        steps,
+        edits,
+        rebuilt,
+        n_groups,
+        dropped,
+        n_rows,
+        tokens,
+        naive,
+        trained,
+    ) = acc.reduce(sums, "sum").tolist()
+    n = n or 1.0
+    return {
+        "reward/success": wins / n,
+        "reward/mean": reward / n,
+        "reward/score": score / n,
+        "reward/dropped_groups": dropped / (n_groups or 1.0),
+        "rollout/episodes": n,
+        "rollout/steps_per_episode": steps / n,
+        "rollout/edits_per_episode": edits / n,
+        "rollout/edited_steps_per_episode": rebuilt / n,
+        "cost/tokens_per_episode": cost / n,
+        "cost/tokens_per_success": win_cost / wins if wins else 0.0,
+        "cost/rows_per_episode": n_rows / (trained or 1.0),
+        "cost/row_tokens": tokens,
+        "cost/naive_tokens": naive,
+        "cost/packed_vs_naive_tokens": tokens / naive if naive else 0.0,
+    }
+
+
+def _summary(m: dict[str, float]) -> str:
+    return (
+        f"step {int(m['step'])}: success {m['reward/success']:.2f} reward {m['reward/mean']:+.3f} "
+        f"loss {m['loss/loss']:+.4f} kl {m['loss/kl']:.4f} clip {m['loss/clip_frac']:.3f} "
+        f"tokens/ep {m['cost/tokens_per_episode']:.0f} rows/ep {m['cost/rows_per_episode']:.1f} "
+        f"{m['time/step_s']:.1f}s"
+    )
+
+
+# ---- checkpoints ------------------------------------------------------------------------------------------
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _trainable_state(policy: Any) -> dict[str, torch.Tensor]:
+    return {n: p.detach().cpu().clone() for n, p in policy.named_parameters() if p.requires_grad}
+
+
+def save_checkpoint(out: Path, step: int, policy: Any, optimizer: Any, acc: Any, config: TrainConfig) -> Path:
+    """Write ``out/checkpoints/step-NNNNNN`` atomically (temporary folder, then rename) and point ``latest``
+    at it. Holds ``model/`` (``save_pretrained``: the full model, or the adapter with LoRA), the trainable
+    tensors and optimiser state for exact resume, every rank's RNG states, the step and the run config."""
+    root = out / CHECKPOINTS
+    final = root / f"step-{step:06d}"
+    tmp = root / f".step-{step:06d}.tmp"
+    if acc.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        policy.save_pretrained(tmp / "model")
+        torch.save(_trainable_state(policy), tmp / "trainable.pt")
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        (tmp / "state.json").write_text(
+            json.dumps({"step": step, "config": asdict(config)}, indent=1, default=str)
+        )
+    acc.wait_for_everyone()
+    torch.save(_rng_state(), tmp / f"rng-{acc.process_index}.pt")
+    acc.wait_for_everyone()
+    if acc.is_main_process:
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        pointer = root / f".{LATEST}.tmp"
+        pointer.write_text(final.name)
+        os.replace(pointer, root / LATEST)
+    acc.wait_for_everyone()
+    return final
+
+
+def load_checkpoint(out: Path, policy: Any, optimizer: Any, rank: int) -> int:
+    """Restore the latest checkpoint under ``out`` into ``policy`` and ``optimizer`` and this rank's RNG;
+    returns the number of steps already done. Raises :class:`UsageError` when there is none."""
+    root = out / CHECKPOINTS
+    if not (root / LATEST).exists():
+        raise UsageError(f"nothing to resume: {root / LATEST} does not exist (start without resume)")
+    ckpt = root / (root / LATEST).read_text().strip()
+    trainable = torch.load(ckpt / "trainable.pt", weights_only=True)
+    params = dict(policy.named_parameters())
+    missing = [n for n in trainable if n not in params]
+    if missing:
+        raise UsageError(f"{ckpt} does not match the model (no parameter {missing[0]}); same model and lora?")
+    with torch.no_grad():
+        for name, tensor in trainable.items():
+            params[name].copy_(tensor)
+    optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=False))
+    rng = ckpt / f"rng-{rank}.pt"
+    if rng.exists():
+        _set_rng_state(torch.load(rng, weights_only=False))
+    return int(json.loads((ckpt / "state.json").read_text())["step"])

@@ -1,0 +1,148 @@
+"""The GRPO loop on the tiny model with a deterministic engine: an update changes the weights, the engine
+receives them, metrics and checkpoints are written, and a resumed run repeats the uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from ctxrl.config import load_config
+from ctxrl.errors import UsageError
+from ctxrl.train.config import TrainConfig
+from ctxrl.train.engines.base import Generation, SamplingConfig
+from ctxrl.train.grpo import train
+
+
+def call(name: str, **arguments: Any) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+class TwoStyleEngine:
+    """Even batch positions follow a script (read, ls, edit the context file, submit); odd ones only talk.
+
+    Both styles fail the task; with the no-tool-call penalty the talkers score lower, so every group has
+    reward variance. Deterministic, so a resumed run sees the same rollouts. Logprobs are a constant -1.
+    """
+
+    name = "two-style"
+    max_model_len = 8192
+    supports_sleep = False
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.synced: list[dict[str, torch.Tensor]] = []
+        self.script = [
+            call("next_chunk"),
+            "checking " + call("shell", command="ls"),
+            "tidy " + call("shell", command="sed -i 's/registry/REG/g' context.md"),
+            "done " + call("submit", answer="nothing kept"),
+        ]
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Generation]:
+        out = []
+        for b, prompt in enumerate(prompts):
+            turn = self.tokenizer.decode(list(prompt)).count("<|im_start|>assistant") - 1
+            text = self.script[min(turn, 3)] if b % 2 == 0 else "let me think about it"
+            ids = [*self.tokenizer.encode(text, add_special_tokens=False), int(self.tokenizer.eos_token_id)]
+            out.append(Generation(ids, [-1.0] * len(ids), "stop", 0))
+        return out
+
+    def update_weights(self, weights: Any) -> None:
+        self.synced.append({k: v.detach().clone() for k, v in weights.state_dict().items()})
+
+    def sleep(self) -> None: ...
+
+    def wake(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def config(model_dir: Path, out: Path, max_steps: int = 4, **fields: Any) -> TrainConfig:
+    overrides = {
+        "model": str(model_dir),
+        "output_dir": str(out),
+        "steps": 1,
+        "tasks_per_step": 1,
+        "rollout": {"group_size": 2, "max_steps": max_steps, "sampling": {"max_new_tokens": 64}},
+        "penalties": {"no_tool_call": 0.3},
+        "lr": 1e-3,
+        "max_tokens_per_microbatch": 4096,
+        **fields,
+    }
+    return load_config(TrainConfig, overrides)
+
+
+def params(model_dir: Path) -> dict[str, torch.Tensor]:
+    from transformers import AutoModelForCausalLM
+
+    return dict(AutoModelForCausalLM.from_pretrained(model_dir).state_dict())
+
+
+def test_one_step_updates_the_weights_and_syncs_the_engine(
+    tiny_model_dir: Path, tiny_tokenizer: Any, tmp_path: Path
+) -> None:
+    engine = TwoStyleEngine(tiny_tokenizer)
+    result = train(config(tiny_model_dir, tmp_path / "run"), engine=engine, tokenizer=tiny_tokenizer)
+    m = result.metrics[0]
+    assert m["step"] == 1.0 and m["rollout/episodes"] == 2.0
+    assert m["reward/mean"] == pytest.approx(-0.15)  # one episode 0, the talker -0.3
+    assert m["loss/tokens"] > 0 and torch.isfinite(torch.tensor(m["loss/loss"]))
+    assert m["cost/packed"] == 1.0  # the tiny Qwen3 honours position-id packing
+    # the scripted episode edited once: its 4 steps make 2 rows; the talker's 4 steps 1 row
+    assert m["cost/rows_per_episode"] == 1.5
+    assert 0 < m["cost/packed_vs_naive_tokens"] < 0.5
+    before = params(tiny_model_dir)
+    assert len(engine.synced) == 1
+    changed = [k for k, v in engine.synced[0].items() if not torch.equal(v, before[k])]
+    assert changed, "the update changed no parameter"
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["loss/tokens"] == m["loss/tokens"]
+    ckpt = tmp_path / "run" / "checkpoints"
+    assert (ckpt / "latest").read_text() == "step-000001"
+    assert {p.name for p in (ckpt / "step-000001").iterdir()} >= {
+        "model",
+        "trainable.pt",
+        "optimizer.pt",
+        "state.json",
+        "rng-0.pt",
+    }
+    with pytest.raises(UsageError, match="already holds checkpoints"):
+        train(config(tiny_model_dir, tmp_path / "run"), engine=engine, tokenizer=tiny_tokenizer)
+
+
+def test_resumed_run_repeats_the_uninterrupted_one(
+    tiny_model_dir: Path, tiny_tokenizer: Any, tmp_path: Path
+) -> None:
+    whole_engine = TwoStyleEngine(tiny_tokenizer)
+    # two-step episodes (no edit yet) keep this test's four updates short
+    whole = train(
+        config(tiny_model_dir, tmp_path / "a", max_steps=2, steps=2),
+        engine=whole_engine,
+        tokenizer=tiny_tokenizer,
+    )
+    # "killed" after step 1: a run of 1 step, then resumed to 2
+    train(
+        config(tiny_model_dir, tmp_path / "b", max_steps=2, steps=1),
+        engine=TwoStyleEngine(tiny_tokenizer),
+        tokenizer=tiny_tokenizer,
+    )
+    resumed_engine = TwoStyleEngine(tiny_tokenizer)
+    resumed = train(
+        config(tiny_model_dir, tmp_path / "b", max_steps=2, steps=2),
+        engine=resumed_engine,
+        tokenizer=tiny_tokenizer,
+        resume=True,
+    )
+    assert (resumed.first_step, len(resumed.metrics)) == (1, 1)
+    a, b = whole.metrics[1], resumed.metrics[0]
+    for key in ("loss/loss", "loss/kl", "loss/ratio_mean", "loss/tis_mean", "loss/grad_norm", "reward/mean"):
+        assert a[key] == b[key], key
+    # the resumed engine got the checkpoint's weights first, then step 2's, equal to the whole run's
+    assert len(resumed_engine.synced) == 2
+    for k, v in whole_engine.synced[-1].items():
+        assert torch.equal(v, resumed_engine.synced[-1][k]), k

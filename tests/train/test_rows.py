@@ -1,0 +1,155 @@
+"""Rows from episodes and their packing: every expected array written out by hand."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from ctxrl.errors import UsageError
+from ctxrl.train.rows import Row, episode_rows, pack_rows, pad_rows, row_stats
+
+
+def three_steps(records: SimpleNamespace) -> tuple:
+    s0 = records.step([1, 2, 3], [10, 11], source="reset", logprobs=[-0.1, -0.2], edit=[0, 0])
+    s1 = records.step([1, 2, 3, 10, 11, 4, 5], [12], logprobs=[-0.3], edit=[1])
+    s2 = records.step([1, 2, 3, 9], [13, 14], source="rebuild", logprobs=[-0.4, -0.5], edit=[1, 0])
+    return records.episode([s0, s1, s2], group=7), [[1.0, 1.0], [1.5], [-1.0, -0.5]]
+
+
+def test_extend_joins_a_row_and_rebuild_starts_one(records: SimpleNamespace) -> None:
+    ep, adv = three_steps(records)
+    rows = episode_rows(ep, adv, episode_index=3)
+    assert len(rows) == 2
+    a, b = rows
+    assert a.input_ids == [1, 2, 3, 10, 11, 4, 5, 12]
+    assert a.loss_mask == [0, 0, 0, 1, 1, 0, 0, 1]
+    assert a.old_logprobs == [0, 0, 0, -0.1, -0.2, 0, 0, -0.3]
+    assert a.advantages == [0, 0, 0, 1.0, 1.0, 0, 0, 1.5]
+    assert a.edit_mask == [0, 0, 0, 0, 0, 0, 0, 1]
+    assert a.spans == [(3, 5), (7, 8)]
+    assert (a.steps, a.episode, a.group) == ((0, 1), 3, 7)
+    assert b.input_ids == [1, 2, 3, 9, 13, 14]
+    assert b.loss_mask == [0, 0, 0, 0, 1, 1]
+    assert b.old_logprobs == [0, 0, 0, 0, -0.4, -0.5]
+    assert b.advantages == [0, 0, 0, 0, -1.0, -0.5]
+    assert b.edit_mask == [0, 0, 0, 0, 1, 0]
+    assert (b.spans, b.steps) == ([(4, 6)], (2,))
+
+
+def test_extend_whose_prefix_does_not_hold_starts_a_new_row(records: SimpleNamespace) -> None:
+    s0 = records.step([1, 2], [10], source="reset")
+    s1 = records.step([1, 2, 11, 4], [12])  # says "extend" but 11 != 10
+    s2 = records.step([1, 2, 11, 4, 12, 5], [13])  # a true extension of s1
+    rows = episode_rows(records.episode([s0, s1, s2]), [[0.0], [0.0], [0.0]])
+    assert [r.steps for r in rows] == [(0,), (1, 2)]
+    assert rows[1].input_ids == [1, 2, 11, 4, 12, 5, 13]
+    assert rows[1].spans == [(4, 5), (6, 7)]
+
+
+def test_prompt_equal_to_head_is_not_an_extension(records: SimpleNamespace) -> None:
+    # the next prompt must add at least the turn separator; equal ids would make two spans overlap
+    s0 = records.step([1, 2], [10], source="reset")
+    s1 = records.step([1, 2, 10], [11])
+    assert [r.steps for r in episode_rows(records.episode([s0, s1]), [[0.0], [0.0]])] == [(0,), (1,)]
+
+
+def test_aborted_step_adds_no_span(records: SimpleNamespace) -> None:
+    s0 = records.step([1, 2], [10], source="reset")
+    s1 = records.step([1, 2, 10, 3], [])
+    rows = episode_rows(records.episode([s0, s1]), [[2.0], []])
+    assert len(rows) == 1 and rows[0].input_ids == [1, 2, 10, 3]
+    assert rows[0].spans == [(2, 3)] and rows[0].loss_mask == [0, 0, 1, 0]
+
+
+def test_length_mismatch_is_a_usage_error(records: SimpleNamespace) -> None:
+    ep, _ = three_steps(records)
+    with pytest.raises(UsageError, match="3 steps"):
+        episode_rows(ep, [[1.0, 1.0]])
+    with pytest.raises(UsageError, match="2 generated ids"):
+        episode_rows(ep, [[1.0], [1.5], [0.0, 0.0]])
+
+
+def test_append_only_episode_costs_its_final_context_not_steps_times_context(
+    records: SimpleNamespace,
+) -> None:
+    n, first, gen, obs = 16, 10, 3, 4
+    ep = records.append_only(n, first_prompt=first, gen=gen, obs=obs)
+    rows = episode_rows(ep, [[0.5] * gen for _ in range(n)])
+    stats = row_stats(rows, [ep])
+    final_context = first + n * gen + (n - 1) * obs  # 10 + 48 + 60 = 118
+    assert len(rows) == 1 and stats.tokens == final_context == 118
+    assert stats.loss_tokens == n * gen == 48
+    # naive: step k's row is its prompt (10 + 7k) plus 3 generated ids: 16*13 + 7*120 = 1048
+    assert stats.naive_tokens == 1048
+    assert stats.packed_vs_naive == pytest.approx(118 / 1048)
+    assert row_stats(rows).naive_tokens == 1048  # the same from the spans alone
+    assert stats.metrics()["cost/row_tokens"] == 118.0
+
+
+def row(n: int, episode: int) -> Row:
+    ids = [100 * (episode + 1) + t for t in range(n)]
+    mask = [0] * (n - 1) + [1]
+    return Row(
+        ids,
+        mask,
+        [0.0] * (n - 1) + [-0.5],
+        [0.0] * (n - 1) + [float(episode)],
+        [0] * n,
+        [(n - 1, n)],
+        episode,
+        0,
+        (0,),
+    )
+
+
+def test_pack_rows_first_fit_decreasing() -> None:
+    rows = [row(5, 0), row(4, 1), row(3, 2), row(2, 3)]
+    batches = pack_rows(rows, max_tokens=7)
+    # 5 -> bin 0 (room 2); 4 -> bin 1 (room 3); 3 -> bin 1 (room 0); 2 -> bin 0 (room 0)
+    assert [mb.rows for mb in batches] == [(0, 3), (1, 2)]
+    first = batches[0]
+    assert first.kind == "packed" and first.attention_mask is None
+    assert first.input_ids.tolist() == [[100, 101, 102, 103, 104, 400, 401]]
+    assert first.position_ids.tolist() == [[0, 1, 2, 3, 4, 0, 1]]
+    assert first.cu_seqlens is not None and first.cu_seqlens.tolist() == [0, 5, 7]
+    assert first.loss_mask.tolist() == [[0, 0, 0, 0, 1, 0, 1]]
+    assert first.advantages.tolist() == [[0, 0, 0, 0, 0.0, 0, 3.0]]
+    assert first.old_logprobs.tolist() == [[0, 0, 0, 0, -0.5, 0, -0.5]]
+    assert (first.num_tokens, first.num_loss_tokens, first.row_lengths) == (7, 2, (5, 2))
+
+
+def test_oversized_row_travels_alone() -> None:
+    batches = pack_rows([row(3, 0), row(10, 1), row(3, 2)], max_tokens=7)
+    assert [mb.rows for mb in batches] == [(1,), (0, 2)]
+    assert batches[0].num_tokens == 10
+    with pytest.raises(UsageError, match="max_tokens"):
+        pack_rows([row(3, 0)], max_tokens=0)
+
+
+def test_pad_rows_groups_similar_lengths_within_the_budget() -> None:
+    rows = [row(3, 0), row(5, 1), row(2, 2), row(4, 3)]
+    batches = pad_rows(rows, max_tokens=10, pad_id=9)
+    # sorted 5, 4, 3, 2: [5, 4] is 2 x 5 = 10 tokens; 3 does not fit (3 x 5); [3, 2] is 2 x 3 = 6
+    assert [mb.rows for mb in batches] == [(1, 3), (0, 2)]
+    mb = batches[1]
+    assert mb.kind == "padded" and mb.cu_seqlens is None
+    assert mb.input_ids.tolist() == [[100, 101, 102], [300, 301, 9]]
+    assert mb.attention_mask is not None and mb.attention_mask.tolist() == [[1, 1, 1], [1, 1, 0]]
+    assert mb.position_ids.tolist() == [[0, 1, 2], [0, 1, 0]]
+    assert mb.loss_mask.tolist() == [[0, 0, 1], [0, 1, 0]]
+    assert mb.advantages.tolist() == [[0, 0, 0.0], [0, 2.0, 0]]
+    assert (mb.num_tokens, mb.num_loss_tokens) == (6, 2)
+
+
+def test_packing_keeps_every_loss_token_once(records: SimpleNamespace) -> None:
+    eps = [records.append_only(n) for n in (1, 3, 6)]
+    rows = [
+        r for i, ep in enumerate(eps) for r in episode_rows(ep, [[1.0] * 3] * len(ep.steps), episode_index=i)
+    ]
+    for batches in (pack_rows(rows, 64), pad_rows(rows, 64, pad_id=0)):
+        assert sum(mb.num_loss_tokens for mb in batches) == 3 * (1 + 3 + 6)
+        assert sorted(i for mb in batches for i in mb.rows) == [0, 1, 2]
+        for mb in batches:
+            assert float(np.sum(mb.advantages * mb.loss_mask)) == mb.num_loss_tokens
