@@ -42,7 +42,7 @@ from typing import Any
 
 from ctxrl.errors import CtxrlError, ModelLoadError, UsageError
 from ctxrl.rewards.cost import ModelGeometry
-from ctxrl.train.tiny_model import CHAT_TEMPLATE, IM_END, PAD
+from ctxrl.env.tokenizer import CHAT_TEMPLATE, IM_END, PAD
 
 META_FILE = "ctxrl_model.json"
 META_FORMAT = 1
