@@ -32,6 +32,19 @@ STUB_RESULT = "(result removed from the context)"
 """Content of the stub that replaces a deleted tool result whose call was kept."""
 
 _SAFE_ID = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def valid_text(text: str) -> str:
+    """``text`` with every lone surrogate (a code point no UTF-8 text can hold) replaced by U+FFFD.
+
+    Model output decoded leniently, or JSON with a ``\\ud800`` escape, can carry them; tokenizers, files and
+    programs all reject them.
+
+    >>> valid_text("a\\ud800b")
+    'a\ufffdb'
+    """
+    return _SURROGATE.sub("\ufffd", text) if not text.isascii() else text
 
 
 def safe_identifier(text: str) -> bool:
@@ -57,10 +70,10 @@ class ToolCall:
         return cls(id=id, name=name, arguments=canonical_json(arguments))
 
     def args(self) -> dict[str, Any]:
-        """The arguments as a dict (``{}`` if the stored text is not a JSON object)."""
+        """The arguments as a dict (``{}`` if the stored text is not a JSON object, or nests too deep to read)."""
         try:
             value = json.loads(self.arguments)
-        except ValueError:
+        except (ValueError, RecursionError):
             return {}
         return value if isinstance(value, dict) else {}
 
@@ -188,7 +201,8 @@ class ChatTemplateCounter:
         return text
 
     def count_text(self, text: str) -> int:
-        """Tokens of ``text`` on its own (no special tokens added)."""
+        """Tokens of ``text`` on its own (no special tokens added); lone surrogates count as U+FFFD."""
+        text = valid_text(text)
         # The Rust backend directly: no max-length warning for long turns, and faster than __call__.
         if self._backend is not None:
             return len(self._backend.encode(text, add_special_tokens=False).ids)

@@ -20,7 +20,6 @@ workspace scripts in the episode sandbox; in file mode the shell can run them to
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -35,7 +34,7 @@ from ctxrl.env.config import HarnessConfig
 from ctxrl.env.context import ChatTemplateCounter, ToolCall, canonical_json
 from ctxrl.env.harness import Action, CallOutcome, Episode, Harness, Mode
 from ctxrl.env.modes.common import format_outcome
-from ctxrl.env.sandbox import Sandbox
+from ctxrl.env.sandbox import Sandbox, remove_tree
 from ctxrl.env.skills import DEFAULT_SKILLS, system_prompt
 from ctxrl.env.tasks.base import Task, TaskSource
 from ctxrl.errors import UsageError
@@ -320,17 +319,17 @@ class ContextEnv(gym.Env[str, str]):
         from ctxrl.env.modes.common import store_root
 
         if self._workspace is not None:
-            shutil.rmtree(self._workspace, ignore_errors=True)
+            remove_tree(self._workspace)
             if self._harness is not None:
                 store = store_root(self._workspace, self._harness.config.modes)
                 if store is not None:
-                    shutil.rmtree(store, ignore_errors=True)
+                    remove_tree(store)
             self._workspace = None
 
     def close(self) -> None:
         self._remove_workspace()
         if self._own_workdir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            remove_tree(self.workdir)
         super().close()
 
 

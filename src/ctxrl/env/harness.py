@@ -20,11 +20,11 @@ is a free edit turn: it costs no task step (``max_steps``) but still counts agai
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import re
-import shutil
 import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -33,11 +33,19 @@ from typing import Any, Protocol
 
 from ctxrl.env import budget as bud
 from ctxrl.env.config import HarnessConfig
-from ctxrl.env.context import Context, TokenCounter, ToolCall, Turn, canonical_json, safe_identifier
+from ctxrl.env.context import (
+    Context,
+    TokenCounter,
+    ToolCall,
+    Turn,
+    canonical_json,
+    safe_identifier,
+    valid_text,
+)
 from ctxrl.env.ctxfile import parse_context, render_context
 from ctxrl.env.monitor import Flag, added_lines, scan
 from ctxrl.env.receipts import Receipt, judge_file_edit
-from ctxrl.env.sandbox import CommandResult, Sandbox, SandboxConfig
+from ctxrl.env.sandbox import CommandResult, Sandbox, SandboxConfig, remove_tree
 from ctxrl.errors import UsageError
 
 SUBMIT = "submit"
@@ -71,15 +79,28 @@ class Action:
 
     @classmethod
     def from_message(cls, message: Mapping[str, Any]) -> Action:
-        """From an OpenAI-style message dict; arguments may be a dict or JSON text (bad JSON gives ``{}``)."""
+        """From an OpenAI-style message dict; arguments may be a dict or JSON text (bad JSON, or JSON nested
+        too deep to handle, gives ``{}``)."""
         calls = []
         for raw in message.get("tool_calls") or ():
             fn = raw.get("function", raw)
             arguments = fn.get("arguments") or {}
             if isinstance(arguments, str):
                 arguments = _json_object(arguments)
-            calls.append(ToolCall.make(str(raw.get("id") or ""), str(fn.get("name") or ""), arguments))
+            try:
+                call = ToolCall.make(str(raw.get("id") or ""), str(fn.get("name") or ""), arguments)
+            except (RecursionError, TypeError, ValueError):  # too deep, or not JSON-serialisable
+                call = ToolCall.make(str(raw.get("id") or ""), str(fn.get("name") or ""), {})
+            calls.append(call)
         return cls(content=str(message.get("content") or ""), tool_calls=tuple(calls))
+
+    def valid(self) -> Action:
+        """This action with every lone surrogate replaced by U+FFFD (see :func:`valid_text`), so nothing
+        downstream (commands, files, token counting, prompts) meets text it cannot encode."""
+        calls = tuple(
+            ToolCall(valid_text(c.id), valid_text(c.name), valid_text(c.arguments)) for c in self.tool_calls
+        )
+        return Action(valid_text(self.content), calls)
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -165,12 +186,15 @@ def write_context_file(path: Path, text: str) -> None:
     if fd >= 0 and not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         fd = -1
-    if fd < 0:  # a symlink, a directory, a FIFO...: replace it with a plain file
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
+    if fd < 0:  # a symlink, a directory (of any depth), a FIFO...: replace it with a plain file
+        remove_tree(path)
         fd = os.open(path, flags | os.O_EXCL, 0o644)
+    # A file this process just created belongs to it; give it the owner of its folder (the sandbox's uid
+    # when the harness runs as root), so the model's commands can edit it in place.
+    owner = os.stat(path.parent)
+    if os.fstat(fd).st_uid != owner.st_uid:
+        with contextlib.suppress(OSError):
+            os.fchown(fd, owner.st_uid, owner.st_gid)
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
         handle.truncate(len(data))
@@ -435,6 +459,7 @@ class Harness:
             raise UsageError("the episode is over; call Harness.reset(...) to start a new one")
         if not isinstance(action, Action):
             action = Action.from_message(action)
+        action = action.valid()
         cfg, ctx = self.config, episode.context
         self._lm_calls += 1
         calls = self._with_ids(action.tool_calls)
@@ -519,12 +544,28 @@ class Harness:
         )
 
     def _with_ids(self, calls: Sequence[ToolCall]) -> tuple[ToolCall, ...]:
-        """Calls with episode-unique, header-safe ids and names (the model's own ids kept where valid)."""
+        """Calls with episode-unique, header-safe ids and names (the model's own ids kept where valid).
+
+        An id is unique against every id the harness gave out and every id now in the context: the model can
+        write a call or result with any id into its context (a forged ``call_2_0``), and a real call sharing
+        it would be merged away at the next parse-back (a duplicated id keeps its first call).
+        """
+        taken = self._call_ids | {
+            i
+            for t in self._live().context.turns
+            for i in (t.tool_call_id, *(c.id for c in t.tool_calls))
+            if i is not None
+        }
         out = []
         for i, call in enumerate(calls):
             call_id = call.id
-            if not safe_identifier(call_id) or call_id in self._call_ids:
+            if not safe_identifier(call_id) or call_id in taken:
                 call_id = f"call_{self._lm_calls}_{i}"
+                k = 0
+                while call_id in taken:
+                    k += 1
+                    call_id = f"call_{self._lm_calls}_{i}_{k}"
+            taken.add(call_id)
             self._call_ids.add(call_id)
             name = (
                 call.name
