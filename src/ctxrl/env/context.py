@@ -53,8 +53,28 @@ def safe_identifier(text: str) -> bool:
 
 
 def canonical_json(arguments: Mapping[str, Any]) -> str:
-    """The one JSON spelling of tool-call arguments used in turns, files and messages."""
-    return json.dumps(dict(arguments), ensure_ascii=False, sort_keys=True)
+    """The one JSON spelling of tool-call arguments used in turns, files and messages; always valid text (a
+    lone surrogate in a value, say from a ``\\ud800`` escape, becomes U+FFFD)."""
+    return valid_text(json.dumps(dict(arguments), ensure_ascii=False, sort_keys=True))
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def valid_arguments(text: str) -> str:
+    """Tool-call arguments text that neither holds nor decodes to a lone surrogate.
+
+    Text without a surrogate escape is returned as is (only raw surrogates replaced); with one, it is
+    re-spelled through :func:`canonical_json` when it parses.
+    """
+    text = valid_text(text)
+    if _SURROGATE_ESCAPE.search(text) is None:
+        return text
+    try:
+        value = json.loads(text)
+        return canonical_json(value) if isinstance(value, dict) else text
+    except (ValueError, RecursionError):
+        return text
 
 
 @dataclass(frozen=True)

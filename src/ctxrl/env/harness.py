@@ -40,6 +40,7 @@ from ctxrl.env.context import (
     Turn,
     canonical_json,
     safe_identifier,
+    valid_arguments,
     valid_text,
 )
 from ctxrl.env.ctxfile import parse_context, render_context
@@ -98,7 +99,8 @@ class Action:
         """This action with every lone surrogate replaced by U+FFFD (see :func:`valid_text`), so nothing
         downstream (commands, files, token counting, prompts) meets text it cannot encode."""
         calls = tuple(
-            ToolCall(valid_text(c.id), valid_text(c.name), valid_text(c.arguments)) for c in self.tool_calls
+            ToolCall(valid_text(c.id), valid_text(c.name), valid_arguments(c.arguments))
+            for c in self.tool_calls
         )
         return Action(valid_text(self.content), calls)
 
@@ -476,7 +478,7 @@ class Harness:
                 outcomes.append(CallOutcome(SUBMITTED))
                 break  # nothing after a submit runs
             outcomes.append(self.mode.run_call(call, episode))
-        calls = calls[: len(outcomes)]
+        calls = self._fresh_ids(calls[: len(outcomes)])
         receipts = tuple(o.receipt for o in outcomes if o.receipt is not None)
         flags += [f for o in outcomes for f in o.flags]
         edited = any(r.applied for r in receipts)
@@ -550,12 +552,7 @@ class Harness:
         write a call or result with any id into its context (a forged ``call_2_0``), and a real call sharing
         it would be merged away at the next parse-back (a duplicated id keeps its first call).
         """
-        taken = self._call_ids | {
-            i
-            for t in self._live().context.turns
-            for i in (t.tool_call_id, *(c.id for c in t.tool_calls))
-            if i is not None
-        }
+        taken = self._call_ids | self._ids_in_context()
         out = []
         for i, call in enumerate(calls):
             call_id = call.id
@@ -573,6 +570,33 @@ class Harness:
                 else re.sub(r"[^A-Za-z0-9_.:\-]", "_", call.name)[:64] or "_"
             )
             out.append(replace(call, id=call_id, name=name))
+        return tuple(out)
+
+    def _ids_in_context(self) -> set[str]:
+        return {
+            i
+            for t in self._live().context.turns
+            for i in (t.tool_call_id, *(c.id for c in t.tool_calls))
+            if i is not None
+        }
+
+    def _fresh_ids(self, calls: tuple[ToolCall, ...]) -> tuple[ToolCall, ...]:
+        """``calls`` with any id that the step's own edits wrote into the context (a command that forges a
+        call with the id its own call carries) replaced, so the calls appended next are unique."""
+        in_context = self._ids_in_context()
+        if not any(c.id in in_context for c in calls):
+            return calls
+        taken = self._call_ids | in_context
+        out = []
+        for i, call in enumerate(calls):
+            if call.id in in_context:
+                k = 1
+                while f"call_{self._lm_calls}_{i}_{k}" in taken:
+                    k += 1
+                call = replace(call, id=f"call_{self._lm_calls}_{i}_{k}")
+                taken.add(call.id)
+                self._call_ids.add(call.id)
+            out.append(call)
         return tuple(out)
 
     def _after_step(self, *, ending: bool) -> PostStep:
