@@ -14,7 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,14 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     start = time.perf_counter()
     value = fn()
     return value, time.perf_counter() - start
+
+
+@pytest.fixture(autouse=True)
+def _remove_deep_trees(tmp_path: Path) -> Iterator[None]:
+    """Remove what a test left in ``tmp_path`` even when it fails: pytest's own clean-up of old temporary
+    folders recurses per level and would fail on a 1,100-level tree, in whichever session runs it next."""
+    yield
+    remove_tree(tmp_path)
 
 
 @pytest.fixture(params=BACKENDS)

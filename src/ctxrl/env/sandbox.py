@@ -433,6 +433,10 @@ class Sandbox:
         returncode = proc.wait()
         if over is None and not timed_out:
             over = quota.check(final=True)
+        if over is not None:
+            # Measure again now that every writer is dead: what it wrote between the measurement and the kill
+            # is the usage the next command starts from (cleaning up must not look like growing).
+            over = max(over, self._measure())
         text, cut = cap.result()
         if over is not None:
             text += (
