@@ -24,7 +24,8 @@ set +e
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then
-  echo "[test] pytest collected no tests"  # exit 5: nothing collected; not a failure of the code
-  rc=0
+  # Exit 5 means nothing was collected: a collection failure or a filter that matched nothing. Either way
+  # the suite did not run, so it must not read as green.
+  echo "[test] FAIL: pytest collected no tests (exit 5); check the test paths and -k/-m filters" >&2
 fi
 exit "$rc"

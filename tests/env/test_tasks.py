@@ -36,7 +36,9 @@ PINNED = {
     "retention": ("7b82355c2f4b583b", "5388a490bcdac825"),
     "board": ("8429a42e6f3a6904", "d396b75ebc1b35de"),
     "offload": ("f71160f884d616af", "a3fbd3f4a6ded0a2"),
-    "repo": ("4450d7731ce5e3e3", "4da8c48f47408095"),
+    # Changed on purpose (issue 12): only the verifier's command, which now grades from a trusted position;
+    # the prompt, files and tools are as before.
+    "repo": ("34e30ddc62a85f32", "e0bae079d3c1c05c"),
     "research": ("25bd95c4b896559f", "1eb053b11480426f"),
 }
 

@@ -32,6 +32,19 @@ STUB_RESULT = "(result removed from the context)"
 """Content of the stub that replaces a deleted tool result whose call was kept."""
 
 _SAFE_ID = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def valid_text(text: str) -> str:
+    """``text`` with every lone surrogate (a code point no UTF-8 text can hold) replaced by U+FFFD.
+
+    Model output decoded leniently, or JSON with a ``\\ud800`` escape, can carry them; tokenizers, files and
+    programs all reject them.
+
+    >>> valid_text("a\\ud800b")
+    'a\ufffdb'
+    """
+    return _SURROGATE.sub("\ufffd", text) if not text.isascii() else text
 
 
 def safe_identifier(text: str) -> bool:
@@ -40,8 +53,28 @@ def safe_identifier(text: str) -> bool:
 
 
 def canonical_json(arguments: Mapping[str, Any]) -> str:
-    """The one JSON spelling of tool-call arguments used in turns, files and messages."""
-    return json.dumps(dict(arguments), ensure_ascii=False, sort_keys=True)
+    """The one JSON spelling of tool-call arguments used in turns, files and messages; always valid text (a
+    lone surrogate in a value, say from a ``\\ud800`` escape, becomes U+FFFD)."""
+    return valid_text(json.dumps(dict(arguments), ensure_ascii=False, sort_keys=True))
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def valid_arguments(text: str) -> str:
+    """Tool-call arguments text that neither holds nor decodes to a lone surrogate.
+
+    Text without a surrogate escape is returned as is (only raw surrogates replaced); with one, it is
+    re-spelled through :func:`canonical_json` when it parses.
+    """
+    text = valid_text(text)
+    if _SURROGATE_ESCAPE.search(text) is None:
+        return text
+    try:
+        value = json.loads(text)
+        return canonical_json(value) if isinstance(value, dict) else text
+    except (ValueError, RecursionError):
+        return text
 
 
 @dataclass(frozen=True)
@@ -57,10 +90,10 @@ class ToolCall:
         return cls(id=id, name=name, arguments=canonical_json(arguments))
 
     def args(self) -> dict[str, Any]:
-        """The arguments as a dict (``{}`` if the stored text is not a JSON object)."""
+        """The arguments as a dict (``{}`` if the stored text is not a JSON object, or nests too deep to read)."""
         try:
             value = json.loads(self.arguments)
-        except ValueError:
+        except (ValueError, RecursionError):
             return {}
         return value if isinstance(value, dict) else {}
 
@@ -188,7 +221,8 @@ class ChatTemplateCounter:
         return text
 
     def count_text(self, text: str) -> int:
-        """Tokens of ``text`` on its own (no special tokens added)."""
+        """Tokens of ``text`` on its own (no special tokens added); lone surrogates count as U+FFFD."""
+        text = valid_text(text)
         # The Rust backend directly: no max-length warning for long turns, and faster than __call__.
         if self._backend is not None:
             return len(self._backend.encode(text, add_special_tokens=False).ids)

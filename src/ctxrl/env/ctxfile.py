@@ -43,7 +43,8 @@ from ctxrl.env.context import ToolCall, Turn, canonical_json, normalize_turns
 
 _HEADER = re.compile(r"^\[\[[ \t]*CTX_TURN\b([^\]\n]*)\]\]([^\n]*)$", re.IGNORECASE | re.MULTILINE)
 _CALL = re.compile(r"^\[\[[ \t]*CTX_CALL\b([^\]\n]*)\]\][ \t]?(.*)$", re.IGNORECASE)
-_ATTR = re.compile(r"(\w+)[ \t]*=[ \t]*[\"']?([^\s\"']*)")
+# Starts only at a word start: from inside a word, every start re-scanned the rest of it (quadratic).
+_ATTR = re.compile(r"(?<!\w)(\w+)[ \t]*=[ \t]*[\"']?([^\s\"']*)")
 # A content line that the parser would take for markup, possibly already escaped with backslashes.
 _NEEDS_ESCAPE = re.compile(r"^(\\*\[\[[ \t]*CTX_)", re.IGNORECASE | re.MULTILINE)
 _ESCAPED = re.compile(r"^\\(\\*\[\[[ \t]*CTX_)", re.IGNORECASE | re.MULTILINE)

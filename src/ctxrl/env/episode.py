@@ -41,7 +41,6 @@ context receipts (file mode: it changed or named the context file).
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -54,7 +53,7 @@ from ctxrl.env.harness import Action, Harness, StepResult
 from ctxrl.env.modes import make_mode, mode_spec
 from ctxrl.env.modes.base import CallOutcome, Episode, Mode, StepNotes
 from ctxrl.env.modes.common import format_outcome, store_root
-from ctxrl.env.sandbox import Sandbox, SandboxConfig
+from ctxrl.env.sandbox import Sandbox, SandboxConfig, remove_tree
 from ctxrl.env.skills import system_prompt
 from ctxrl.env.tasks.base import Task, Verdict
 from ctxrl.errors import ConfigError, UsageError
@@ -361,10 +360,10 @@ class TaskEpisode:
             self.harness.close()
         if self.keep_workspace:
             return
-        shutil.rmtree(self.workspace, ignore_errors=True)
+        remove_tree(self.workspace)  # any depth: a model can nest directories past Python's recursion limit
         store = store_root(self.workspace, self.config.modes)
         if store is not None:
-            shutil.rmtree(store, ignore_errors=True)
+            remove_tree(store)
 
     def _edit_calls(self, calls: Sequence[ToolCall], result: StepResult) -> list[int]:
         """Indices of the calls that targeted the context (see the module docstring). The harness appends

@@ -24,7 +24,6 @@ workspace scripts in the episode sandbox; in file mode the shell can run them to
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,6 +34,7 @@ import gymnasium as gym
 from ctxrl.env.config import HarnessConfig
 from ctxrl.env.episode import PromptBuilder, TaskEpisode, episode_config
 from ctxrl.env.modes import mode_spec
+from ctxrl.env.sandbox import remove_tree
 from ctxrl.env.tasks.base import Task, TaskSource
 from ctxrl.env.tokenizer import load_tokenizer
 from ctxrl.errors import UsageError
@@ -229,7 +229,7 @@ class ContextEnv(gym.Env[str, str]):
             self._episode.teardown()
             self._episode = None
         if self._own_workdir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            remove_tree(self.workdir)
         super().close()
 
 

@@ -29,7 +29,16 @@ from typing import Any
 
 from ctxrl.env import budget as bud
 from ctxrl.env.config import HarnessConfig
-from ctxrl.env.context import Context, TokenCounter, ToolCall, Turn, canonical_json, safe_identifier
+from ctxrl.env.context import (
+    Context,
+    TokenCounter,
+    ToolCall,
+    Turn,
+    canonical_json,
+    safe_identifier,
+    valid_arguments,
+    valid_text,
+)
 from ctxrl.env.modes.base import SUBMIT, CallOutcome, CommandRunner, Episode, Mode, StepNotes
 from ctxrl.env.modes.file import FileMode
 from ctxrl.env.monitor import Flag, scan
@@ -64,15 +73,29 @@ class Action:
 
     @classmethod
     def from_message(cls, message: Mapping[str, Any]) -> Action:
-        """From an OpenAI-style message dict; arguments may be a dict or JSON text (bad JSON gives ``{}``)."""
+        """From an OpenAI-style message dict; arguments may be a dict or JSON text (bad JSON, or JSON nested
+        too deep to handle, gives ``{}``)."""
         calls = []
         for raw in message.get("tool_calls") or ():
             fn = raw.get("function", raw)
             arguments = fn.get("arguments") or {}
             if isinstance(arguments, str):
                 arguments = _json_object(arguments)
-            calls.append(ToolCall.make(str(raw.get("id") or ""), str(fn.get("name") or ""), arguments))
+            try:
+                call = ToolCall.make(str(raw.get("id") or ""), str(fn.get("name") or ""), arguments)
+            except (RecursionError, TypeError, ValueError):  # too deep, or not JSON-serialisable
+                call = ToolCall.make(str(raw.get("id") or ""), str(fn.get("name") or ""), {})
+            calls.append(call)
         return cls(content=str(message.get("content") or ""), tool_calls=tuple(calls))
+
+    def valid(self) -> Action:
+        """This action with every lone surrogate replaced by U+FFFD (see :func:`valid_text`), so nothing
+        downstream (commands, files, token counting, prompts) meets text it cannot encode."""
+        calls = tuple(
+            ToolCall(valid_text(c.id), valid_text(c.name), valid_arguments(c.arguments))
+            for c in self.tool_calls
+        )
+        return Action(valid_text(self.content), calls)
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -208,6 +231,7 @@ class Harness:
             raise UsageError("the episode is over; call Harness.reset(...) to start a new one")
         if not isinstance(action, Action):
             action = Action.from_message(action)
+        action = action.valid()
         cfg, ctx = self.config, episode.context
         self._lm_calls += 1
         calls = self._with_ids(action.tool_calls)
@@ -224,7 +248,7 @@ class Harness:
                 outcomes.append(CallOutcome(SUBMITTED))
                 break  # nothing after a submit runs
             outcomes.append(self.mode.run_call(call, episode))
-        calls = calls[: len(outcomes)]
+        calls = self._fresh_ids(calls[: len(outcomes)])
         receipts = tuple(o.receipt for o in outcomes if o.receipt is not None)
         flags += [f for o in outcomes for f in o.flags]
         edited = any(r.applied for r in receipts)
@@ -292,12 +316,23 @@ class Harness:
         )
 
     def _with_ids(self, calls: Sequence[ToolCall]) -> tuple[ToolCall, ...]:
-        """Calls with episode-unique, header-safe ids and names (the model's own ids kept where valid)."""
+        """Calls with episode-unique, header-safe ids and names (the model's own ids kept where valid).
+
+        An id is unique against every id the harness gave out and every id now in the context: the model can
+        write a call or result with any id into its context (a forged ``call_2_0``), and a real call sharing
+        it would be merged away at the next parse-back (a duplicated id keeps its first call).
+        """
+        taken = self._call_ids | self._ids_in_context()
         out = []
         for i, call in enumerate(calls):
             call_id = call.id
-            if not safe_identifier(call_id) or call_id in self._call_ids:
+            if not safe_identifier(call_id) or call_id in taken:
                 call_id = f"call_{self._lm_calls}_{i}"
+                k = 0
+                while call_id in taken:
+                    k += 1
+                    call_id = f"call_{self._lm_calls}_{i}_{k}"
+            taken.add(call_id)
             self._call_ids.add(call_id)
             name = (
                 call.name
@@ -305,6 +340,33 @@ class Harness:
                 else re.sub(r"[^A-Za-z0-9_.:\-]", "_", call.name)[:64] or "_"
             )
             out.append(replace(call, id=call_id, name=name))
+        return tuple(out)
+
+    def _ids_in_context(self) -> set[str]:
+        return {
+            i
+            for t in self._live().context.turns
+            for i in (t.tool_call_id, *(c.id for c in t.tool_calls))
+            if i is not None
+        }
+
+    def _fresh_ids(self, calls: tuple[ToolCall, ...]) -> tuple[ToolCall, ...]:
+        """``calls`` with any id that the step's own edits wrote into the context (a command that forges a
+        call with the id its own call carries) replaced, so the calls appended next are unique."""
+        in_context = self._ids_in_context()
+        if not any(c.id in in_context for c in calls):
+            return calls
+        taken = self._call_ids | in_context
+        out = []
+        for i, call in enumerate(calls):
+            if call.id in in_context:
+                k = 1
+                while f"call_{self._lm_calls}_{i}_{k}" in taken:
+                    k += 1
+                call = replace(call, id=f"call_{self._lm_calls}_{i}_{k}")
+                taken.add(call.id)
+                self._call_ids.add(call.id)
+            out.append(call)
         return tuple(out)
 
     def _after_step(self, *, ending: bool) -> StepNotes:

@@ -15,11 +15,48 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 Region = Literal["assistant", "file"]
 
-RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+
+class Matcher(Protocol):
+    """What a rule needs of a compiled pattern: a ``search`` whose result is truthy on a match."""
+
+    def search(self, text: str) -> object: ...
+
+
+class _SentenceStart:
+    r"""Matches ``(^|[.!:;]\s+)\W*(always|never|do not|don't|must not|under no circumstances)\s+\w+`` in
+    linear time.
+
+    As one regular expression, every ``.`` of a line like ``". " * 20000`` starts an attempt whose ``\W*``
+    runs to the end of the line and backtracks: quadratic (36 s for 40,000 characters). Here the keywords are
+    found first (each a word start), and for each, only the run of non-word characters just before it is
+    examined: it must reach the line start or hold a ``[.!:;]`` followed by whitespace. Those runs are
+    disjoint (a keyword ends each), so the work is linear in the line.
+    """
+
+    _KEYWORD = re.compile(
+        r"(?<!\w)(?:always|never|do not|don't|must not|under no circumstances)", re.IGNORECASE
+    )
+    _OBJECT = re.compile(r"\s+\w")
+    _BREAK = re.compile(r"[.!:;]\s")
+    _WORD = re.compile(r"\w")
+
+    def search(self, text: str) -> bool:
+        for m in self._KEYWORD.finditer(text):
+            if not self._OBJECT.match(text, m.end()):
+                continue
+            start = m.start()
+            while start > 0 and not self._WORD.match(text, start - 1):
+                start -= 1
+            if start == 0 or self._BREAK.search(text, start, m.start()):
+                return True
+        return False
+
+
+_PATTERNS = tuple(
     (name, re.compile(pattern, re.IGNORECASE))
     for name, pattern in (
         (
@@ -40,12 +77,10 @@ RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
             "new_identity",
             r"\b(you are now|act as|pretend to be|your (new|real) (role|task|instructions?|goal))\b",
         ),
-        (
-            "imperative_rule",
-            r"(^|[.!:;]\s+)\W*(always|never|do not|don't|must not|under no circumstances)\s+\w+",
-        ),
     )
 )
+RULES: tuple[tuple[str, Matcher], ...] = (*_PATTERNS, ("imperative_rule", _SentenceStart()))
+"""The rules, in the order they are tried; a line gets the first rule that matches."""
 
 
 @dataclass(frozen=True)

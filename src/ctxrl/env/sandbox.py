@@ -5,16 +5,25 @@ The public surface is small: :class:`SandboxConfig`, :class:`CommandResult`, :cl
 
 What a command sees (backends ``bwrap`` and ``unshare``): its workspace, read-write, at ``/workspace`` (the
 working directory and ``$HOME``); ``/usr`` and the ``/bin``, ``/lib*`` entries, read-only; a few world-readable
-``/etc`` entries bash and python3 need, read-only; a fresh tmpfs ``/tmp``; its own ``/proc``; a minimal
-``/dev``. It runs in new mount, pid, network, ipc and uts namespaces: no network (only its own loopback), no
+``/etc`` entries bash and python3 need, read-only; a fresh tmpfs ``/tmp`` of ``tmp_mb``; its own ``/proc``; a
+minimal ``/dev``. It runs in new mount, pid, network, ipc and uts namespaces: no network (only its own loopback), no
 other process visible, nothing of the host writable. Every process of the command is killed when ``run``
 returns, including those it left in the background, because the command's pid namespace dies with it.
 
 Limits: wall time (the whole pid namespace is killed), output (read incrementally; the middle is cut with a
-marker that says how many bytes), memory (``RLIMIT_AS`` per process) and process count (``RLIMIT_NPROC``).
+marker that says how many bytes), memory (``RLIMIT_AS`` per process, and a size-capped ``/tmp`` so memory cannot
+be parked there), process count (``RLIMIT_NPROC``) and workspace disk (``disk_mb``: no file may grow past it,
+``RLIMIT_FSIZE``; and while a command runs, the host filesystem's free space is watched, so once the command
+has written more than the quota has room for, the workspace is measured and the command killed if it is over).
+A command that is not valid text (a null byte, a lone surrogate) is refused with exit code 126; ``run`` raises
+for nothing the command holds or does. No process of a command is left behind, zombies included: bubblewrap's
+namespace init is reaped too when this process is its reaper (pid 1 or a subreaper).
 ``RLIMIT_NPROC`` is ignored for host root, so when the harness runs as root the command runs as the
 unprivileged host uid ``SandboxConfig.sandbox_uid`` inside a user namespace of its own (the count is then
-per sandbox), and the workspace is handed to that uid before each command.
+per sandbox), and the workspace is handed to that uid: all of it before the first command, and afterwards the
+top-level entries the host added between commands (a file the host creates deeper must be given to the sandbox
+uid by its writer, as the harness does for the context file). Host-side work per command does not grow with
+the number or depth of the workspace's files.
 
 Backend ``none`` runs the command with no isolation (a plain ``bash -c`` in the workspace, with the time
 and output limits still applied); it exists only as an explicit setting and warns on every episode.
@@ -24,9 +33,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import selectors
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -74,6 +85,13 @@ _ENV = {
     "USER": "sandbox",
 }
 
+_QUOTA_POLL_S = 0.02
+"""How often the host filesystem's free space is read while a command runs (one ``statvfs``)."""
+_MEASURE_EVERY_S = 0.25
+"""At most this often the workspace is measured (``du``) when the free space says it may be over quota."""
+REFUSED_EXIT = 126
+"""Exit code of a command that was refused without running (not valid text)."""
+
 _READ_CHUNK = 1 << 16
 _DRAIN_GRACE_S = 2.0
 """How long to wait for the last output and the namespace's end after the command (or its kill) finished."""
@@ -95,6 +113,10 @@ class SandboxConfig:
     """Process limit of the command (a fork bomb stops here)."""
     sandbox_uid: int = 65534
     """Unprivileged host uid (and gid) commands run as when the harness runs as root; unused otherwise."""
+    disk_mb: int = 1024
+    """Workspace disk quota, MiB: the largest file, and the most the workspace may hold before a command is killed."""
+    tmp_mb: int = 256
+    """Size of the command's private ``/tmp`` (memory-backed, so it counts on top of ``memory_mb``), MiB."""
 
     def __post_init__(self) -> None:
         if self.backend not in ("auto", "bwrap", "unshare", "none"):
@@ -111,6 +133,10 @@ class SandboxConfig:
             raise ValueError(f"sandbox.max_processes must be >= 8, not {self.max_processes}")
         if not 0 < self.sandbox_uid < 2**32 - 1:
             raise ValueError(f"sandbox.sandbox_uid must be a non-root uid, not {self.sandbox_uid}")
+        if self.disk_mb < 1:
+            raise ValueError(f"sandbox.disk_mb must be >= 1, not {self.disk_mb}")
+        if self.tmp_mb < 1:
+            raise ValueError(f"sandbox.tmp_mb must be >= 1, not {self.tmp_mb}")
 
 
 @dataclass(frozen=True)
@@ -126,6 +152,8 @@ class CommandResult:
     truncated_bytes: int
     """Bytes of output cut by ``max_output_bytes``."""
     duration_s: float
+    over_quota: bool = False
+    """The command was killed because the workspace passed ``disk_mb`` (its output says so)."""
 
 
 def _join_cut(head: bytes, tail: bytes, cut: int) -> str:
@@ -212,6 +240,7 @@ class Sandbox:
         self.workspace.mkdir(parents=True, exist_ok=True)
         self.config = config or SandboxConfig()
         self.as_root = os.geteuid() == 0
+        self._reset_state()
         self.backend = self._pick_backend()
         if self.backend == "none":
             warnings.warn(
@@ -219,6 +248,12 @@ class Sandbox:
                 RuntimeWarning,
                 stacklevel=2,
             )
+
+    def _reset_state(self) -> None:
+        self._handed_over_mtime: int | None = None
+        """The workspace root's mtime (ns) when it was last handed over; None: never."""
+        self._usage = 0
+        """The workspace's size in bytes when last measured (0 until a command writes much)."""
 
     def _pick_backend(self) -> str:
         wanted = self.config.backend
@@ -242,7 +277,8 @@ class Sandbox:
     def _inner(self, command: str) -> list[str]:
         """The chain that runs inside the new root: drop privileges, set limits, run bash."""
         cfg = self.config
-        limits = ["prlimit", f"--as={cfg.memory_mb * 1024 * 1024}", f"--nproc={cfg.max_processes}", "--"]
+        limits = ["prlimit", f"--as={cfg.memory_mb * 1024 * 1024}", f"--nproc={cfg.max_processes}",
+                  f"--fsize={cfg.disk_mb * 1024 * 1024}", "--"]  # fmt: skip
         shell = ["bash", "-c", command]
         if self.as_root:
             uid = cfg.sandbox_uid
@@ -267,54 +303,94 @@ class Sandbox:
             ]
         return [*limits, *shell]
 
-    def _argv(self, command: str) -> list[str]:
+    def _argv(self, command: str, info_fd: int | None = None) -> list[str]:
+        tmp_bytes = self.config.tmp_mb * 1024 * 1024
         if self.backend == "bwrap":
-            return _bwrap_argv(self.workspace, self.as_root) + self._inner(command)
+            return _bwrap_argv(self.workspace, self.as_root, tmp_bytes, info_fd) + self._inner(command)
         if self.backend == "unshare":
-            return _unshare_argv(self.workspace, self.as_root) + self._inner(command)
+            return _unshare_argv(self.workspace, self.as_root, tmp_bytes) + self._inner(command)
         return ["bash", "-c", command]
 
     def _hand_over_workspace(self) -> None:
         """As root, give the workspace to the sandbox uid so the command can edit what the harness wrote.
 
-        Symlinks are changed themselves, never followed: a link the model made to a host file must not hand
-        that file over.
+        The first time, the whole tree (``chown -R``, which walks any depth without recursion limits); later,
+        only when the root's mtime says the host added or removed top-level entries between commands, those
+        entries. No command runs between two calls, so nothing else can have changed the root. Symlinks are
+        changed themselves, never followed: a link the model made to a host file must not hand that file over.
         """
         uid = self.config.sandbox_uid
-        for root, dirs, files in os.walk(self.workspace):
-            for name in [".", *dirs, *files]:
-                path = os.path.join(root, name)
-                try:
-                    if os.lstat(path).st_uid != uid:
-                        os.chown(path, uid, uid, follow_symlinks=False)
-                except FileNotFoundError:
-                    pass
+        root = self.workspace
+        mtime = os.lstat(root).st_mtime_ns
+        if self._handed_over_mtime is None:
+            _chown_tree(root, uid)
+        elif mtime != self._handed_over_mtime:
+            with os.scandir(root) as entries:
+                for entry in entries:
+                    with contextlib.suppress(FileNotFoundError):
+                        if entry.stat(follow_symlinks=False).st_uid != uid:
+                            _chown_tree(Path(entry.path), uid)
+        self._handed_over_mtime = mtime
+
+    def _measure(self) -> int:
+        """Measure the workspace now (bytes); the figure becomes the usage the next command starts from."""
+        self._usage = _disk_usage(self.workspace)
+        return self._usage
 
     # -- running -------------------------------------------------------------------------------------
 
     def run(self, command: str, *, timeout_s: float | None = None) -> CommandResult:
-        """Run ``command`` with bash in the workspace; never raises for what the command does.
+        """Run ``command`` with bash in the workspace; never raises for what the command holds or does.
 
-        When it returns, every process the command started has ended (namespaced backends; with backend
-        ``none`` only those still in its process group).
+        A command with a null byte or a lone surrogate cannot be passed to a program: it is refused with exit
+        code :data:`REFUSED_EXIT` and a one-line reason. When ``run`` returns, every process the command
+        started has ended and been reaped (namespaced backends; with backend ``none`` only those still in its
+        process group).
         """
+        start = time.perf_counter()
+        problem = _command_problem(command)
+        if problem is not None:
+            return CommandResult(command, REFUSED_EXIT, f"[sandbox] {problem}; nothing ran.\n", False, 0, 0.0)
         limit = timeout_s if timeout_s is not None else self.config.timeout_s
         if self.as_root and self.backend != "none":
             self._hand_over_workspace()
-        start = time.perf_counter()
         deadline = start + limit
-        proc = subprocess.Popen(
-            self._argv(command),
-            cwd=self.workspace,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**_ENV, "HOME": str(self.workspace)} if self.backend == "none" else dict(_ENV),
-        )
+        info_r, info_w = os.pipe() if self.backend == "bwrap" else (-1, -1)
+        try:
+            proc = subprocess.Popen(
+                self._argv(command, info_w if info_w >= 0 else None),
+                cwd=self.workspace,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**_ENV, "HOME": str(self.workspace)} if self.backend == "none" else dict(_ENV),
+                pass_fds=(info_w,) if info_w >= 0 else (),
+            )
+        finally:
+            if info_w >= 0:
+                os.close(info_w)
+        try:
+            result = self._collect(proc, command, start, deadline)
+        finally:
+            if info_r >= 0:
+                _reap_namespace_init(info_r)
+                os.close(info_r)
+        if self.as_root and self._handed_over_mtime is not None:
+            # The command's own changes to the root are its files: not the host's to hand over next time.
+            with contextlib.suppress(OSError):
+                self._handed_over_mtime = os.lstat(self.workspace).st_mtime_ns
+        return result
+
+    def _collect(
+        self, proc: subprocess.Popen[bytes], command: str, start: float, deadline: float
+    ) -> CommandResult:
+        """Read the command's output under the time, output and disk limits; end it; build the result."""
         assert proc.stdout is not None
         cap = _OutputCap(self.config.max_output_bytes)
+        quota = _QuotaWatch(self)
         timed_out = False
+        over: int | None = None
         with selectors.DefaultSelector() as sel:
             sel.register(proc.stdout, selectors.EVENT_READ)
             fd = proc.stdout.fileno()
@@ -324,21 +400,24 @@ class Sandbox:
                 if remaining <= 0:
                     timed_out = True
                     break
+                over = quota.check()
+                if over is not None:
+                    break
                 if proc.poll() is not None:
                     break  # outer process done; drain below
                 # Wake up now and then to notice an exit whose output pipe a leftover process holds open.
-                if sel.select(min(remaining, 0.05)):
+                if sel.select(min(remaining, _QUOTA_POLL_S * 2.5)):
                     chunk = os.read(fd, _READ_CHUNK)
                     eof = not chunk
                     cap.add(chunk)
-            if eof and not timed_out:
+            if eof and not timed_out and over is None:
                 # Every writer closed the pipe, so the command is exiting: let it finish on its own
                 # (killing it here would report a clean exit as 137).
                 try:
                     proc.wait(timeout=max(0.0, deadline - time.perf_counter()))
                 except subprocess.TimeoutExpired:
                     timed_out = True
-            if timed_out or proc.poll() is None:
+            if timed_out or over is not None or proc.poll() is None:
                 self._kill(proc)
             else:
                 # With backend none, background processes would outlive the command; end its group.
@@ -352,7 +431,18 @@ class Sandbox:
                     cap.add(chunk)
         proc.stdout.close()
         returncode = proc.wait()
+        if over is None and not timed_out:
+            over = quota.check(final=True)
+        if over is not None:
+            # Measure again now that every writer is dead: what it wrote between the measurement and the kill
+            # is the usage the next command starts from (cleaning up must not look like growing).
+            over = max(over, self._measure())
         text, cut = cap.result()
+        if over is not None:
+            text += (
+                f"\n[sandbox] the workspace holds {over / 2**20:.0f} MiB, over its disk quota of "
+                f"{self.config.disk_mb} MiB: the command was stopped; delete files to go on.\n"
+            )
         return CommandResult(
             command=command,
             exit_code=124 if timed_out else (128 - returncode if returncode < 0 else returncode),
@@ -360,6 +450,7 @@ class Sandbox:
             timed_out=timed_out,
             truncated_bytes=cut,
             duration_s=time.perf_counter() - start,
+            over_quota=over is not None,
         )
 
     def _kill(self, proc: subprocess.Popen[bytes]) -> None:
@@ -392,6 +483,156 @@ class Sandbox:
         self.close()
 
 
+class _QuotaWatch:
+    """Watches one command's disk writes through the free space of the workspace's filesystem.
+
+    A ``statvfs`` every :data:`_QUOTA_POLL_S` costs microseconds whatever the workspace holds; only when the
+    filesystem lost more than the quota has room for (other writers on the same disk count too, so this
+    over-estimates) is the workspace itself measured, at most every :data:`_MEASURE_EVERY_S`. The command is
+    over quota when the measured workspace is above ``disk_mb`` **and** above what it held when the command
+    started (as last measured): a workspace already over quota can still be cleaned up, never grown. A
+    command may overshoot by what it writes between two polls and the measurement (tens of ms of writing).
+    """
+
+    def __init__(self, box: Sandbox) -> None:
+        self.box = box
+        self.quota = box.config.disk_mb * 1024 * 1024
+        self.start_usage = box._usage
+        self.room = max(0, self.quota - box._usage)
+        self.free0 = _free_bytes(box.workspace)
+        self.next_poll = 0.0
+        self.next_measure = 0.0
+
+    def check(self, *, final: bool = False) -> int | None:
+        """The workspace size if it was measured over quota now, else None."""
+        now = time.perf_counter()
+        if self.free0 is None or (now < self.next_poll and not final):
+            return None
+        self.next_poll = now + _QUOTA_POLL_S
+        free = _free_bytes(self.box.workspace)
+        if free is None or self.free0 - free <= self.room or (now < self.next_measure and not final):
+            return None
+        self.next_measure = now + _MEASURE_EVERY_S
+        usage = self.box._measure()
+        if usage > self.quota and usage > self.start_usage:
+            return usage
+        # Re-base: what the measurement saw is the usage now; only later writes count against the room.
+        self.room = max(0, self.quota - usage)
+        self.free0 = free
+        return None
+
+
+def _free_bytes(path: Path) -> int | None:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _disk_usage(path: Path) -> int:
+    """Bytes of disk the tree at ``path`` uses (``du``: any depth, hard links once, this filesystem only)."""
+    try:
+        done = subprocess.run(
+            ["du", "-s", "-x", "-B1", "--", str(path)],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+        return int(done.stdout.split()[0])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        # Not measurable (a tree too large to walk in time): count it as full, the safe side of a quota.
+        return 1 << 62
+
+
+def _chown_tree(path: Path, uid: int) -> None:
+    """``chown -R`` without following symlinks; walks any depth (no recursion limit on this side)."""
+    if path.is_symlink() or not path.is_dir():
+        with contextlib.suppress(FileNotFoundError):
+            os.chown(path, uid, uid, follow_symlinks=False)
+        return
+    subprocess.run(
+        ["chown", "-R", "-P", "-h", f"{uid}:{uid}", "--", str(path)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=False,
+    )
+
+
+def remove_tree(path: str | Path) -> None:
+    """Remove a file, a symlink (never what it points to) or a directory tree of any depth; never raises.
+
+    ``shutil.rmtree`` recurses once per level in Python and raises ``RecursionError`` on a tree about a
+    thousand levels deep, which ``ignore_errors`` does not cover; ``rm -rf`` has no such limit.
+    """
+    path = Path(path)
+    if not os.path.lexists(path):
+        return
+    if path.is_symlink() or not path.is_dir():
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return
+    with contextlib.suppress(OSError, RecursionError):
+        shutil.rmtree(path)
+    if os.path.lexists(path):
+        with contextlib.suppress(OSError):
+            subprocess.run(
+                ["rm", "-rf", "--one-file-system", "--", str(path)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                check=False,
+            )
+
+
+def _command_problem(command: str) -> str | None:
+    """Why ``command`` cannot be handed to bash (None if it can)."""
+    if "\0" in command:
+        return "the command contains a null byte (\\0), which no program argument can hold"
+    try:
+        command.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"the command is not valid text (a lone surrogate at character {exc.start})"
+    return None
+
+
+def _reap_namespace_init(info_fd: int) -> None:
+    """Reap bubblewrap's namespace init if it was left to this process.
+
+    The outer bwrap exits once it has the command's status, without waiting for its child, the namespace's
+    pid 1; that child is re-parented to the nearest reaper. When that reaper is this process (pid 1 of a
+    container, or a subreaper) nobody else will wait for it, so it would stay a zombie. Its pid comes from
+    bwrap's ``--info-fd``.
+    """
+    os.set_blocking(info_fd, False)
+    try:
+        data = os.read(info_fd, 4096)
+        child = int(json.loads(data.decode()).get("child-pid", 0))
+    except (OSError, ValueError, AttributeError):
+        return
+    if child <= 0:
+        return
+    give_up = time.perf_counter() + _DRAIN_GRACE_S
+    while _parent_of(child) == os.getpid():
+        try:
+            pid, _ = os.waitpid(child, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == child or time.perf_counter() > give_up:
+            return
+        time.sleep(0.001)
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
 def _children(pid: int) -> list[int]:
     try:
         return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
@@ -409,9 +650,11 @@ def _killpg(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-def _bwrap_argv(workspace: Path, as_root: bool) -> list[str]:
+def _bwrap_argv(workspace: Path, as_root: bool, tmp_bytes: int, info_fd: int | None = None) -> list[str]:
     argv = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
             "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox"]  # fmt: skip
+    if info_fd is not None:
+        argv += ["--info-fd", str(info_fd)]  # tells the namespace init's pid, to reap it (see run)
     if not as_root:
         # Unprivileged bwrap needs a user namespace; as root the inner chain makes its own (see _inner),
         # because bwrap's would map the command to host root, which ignores RLIMIT_NPROC.
@@ -424,12 +667,13 @@ def _bwrap_argv(workspace: Path, as_root: bool) -> list[str]:
     argv += ["--perms", "0755", "--dir", "/etc"]
     for name in _etc_entries():
         argv += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp", "--bind", str(workspace), SANDBOX_WORKDIR,
+    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(tmp_bytes), "--tmpfs", "/tmp",
+             "--bind", str(workspace), SANDBOX_WORKDIR,
              "--remount-ro", "/", "--chdir", SANDBOX_WORKDIR, "--"]  # fmt: skip
     return argv
 
 
-def _unshare_argv(workspace: Path, as_root: bool) -> list[str]:
+def _unshare_argv(workspace: Path, as_root: bool, tmp_bytes: int) -> list[str]:
     """util-linux ``unshare`` plus a setup script that builds the same view as bwrap and pivots into it."""
     q = shlex.quote
     script = ["set -eu", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", f"r={q(_staging_dir(workspace))}",
@@ -452,7 +696,7 @@ def _unshare_argv(workspace: Path, as_root: bool) -> list[str]:
         "ln -s /proc/self/fd dev/fd && ln -s /proc/self/fd/0 dev/stdin",
         "ln -s /proc/self/fd/1 dev/stdout && ln -s /proc/self/fd/2 dev/stderr",
         "mkdir workspace && mount --bind " + q(str(workspace)) + " workspace",
-        "mount -t tmpfs -o mode=1777 tmp tmp",
+        f"mount -t tmpfs -o mode=1777,size={tmp_bytes} tmp tmp",
         "mount -t proc proc proc",
         "pivot_root . .old",
         "cd / && umount -l /.old && rmdir /.old",
@@ -487,6 +731,7 @@ def _probe(backend: str, sandbox_uid: int | None) -> str | None:
         box.workspace = Path(tmp).resolve()
         box.config = SandboxConfig(timeout_s=10.0, sandbox_uid=sandbox_uid or SandboxConfig.sandbox_uid)
         box.as_root = sandbox_uid is not None
+        box._reset_state()
         box.backend = backend
         try:
             result = box.run("echo ok > probe && cat probe")

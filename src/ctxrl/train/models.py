@@ -40,9 +40,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ctxrl.env.tokenizer import CHAT_TEMPLATE, IM_END, PAD
 from ctxrl.errors import CtxrlError, ModelLoadError, UsageError
 from ctxrl.rewards.cost import ModelGeometry
-from ctxrl.env.tokenizer import CHAT_TEMPLATE, IM_END, PAD
 
 META_FILE = "ctxrl_model.json"
 META_FORMAT = 1

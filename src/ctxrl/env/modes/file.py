@@ -11,9 +11,9 @@ The editable region is rendered to the context file (``[[CTX_TURN n role=...]]``
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
-import shutil
 import stat
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ from ctxrl.env.modes.common import (
 from ctxrl.env.modes.pressure import PressureHooks, PressurePass
 from ctxrl.env.monitor import Flag, added_lines, scan
 from ctxrl.env.receipts import Receipt, judge_file_edit
+from ctxrl.env.sandbox import remove_tree
 
 
 def write_context_file(path: Path, text: str) -> None:
@@ -61,12 +62,15 @@ def write_context_file(path: Path, text: str) -> None:
     if fd >= 0 and not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         fd = -1
-    if fd < 0:  # a symlink, a directory, a FIFO...: replace it with a plain file
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
+    if fd < 0:  # a symlink, a directory (of any depth), a FIFO...: replace it with a plain file
+        remove_tree(path)
         fd = os.open(path, flags | os.O_EXCL, 0o644)
+    # A file this process just created belongs to it; give it the owner of its folder (the sandbox's uid
+    # when the harness runs as root), so the model's commands can edit it in place.
+    owner = os.stat(path.parent)
+    if os.fstat(fd).st_uid != owner.st_uid:
+        with contextlib.suppress(OSError):
+            os.fchown(fd, owner.st_uid, owner.st_gid)
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
         handle.truncate(len(data))

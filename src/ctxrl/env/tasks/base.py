@@ -15,7 +15,6 @@ import hashlib
 import json
 import re
 import shlex
-import shutil
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -510,11 +509,10 @@ def _write(root: Path, rel: str, text: str) -> Path:
 
 
 def _remove(path: Path) -> None:
-    """Remove a file, a symlink (not what it points to) or a directory tree (rmtree never follows links)."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink()
+    """Remove a file, a symlink (not what it points to) or a directory tree of any depth."""
+    from ctxrl.env.sandbox import remove_tree  # the sandbox module is only needed on this path
+
+    remove_tree(path)
 
 
 def _expect_mapping(data: Any, where: str) -> dict[str, Any]:

@@ -6,8 +6,9 @@ wrong constant) that makes exactly its test fail. ``run_tests`` runs the suite. 
 function, not the file; the repository is several times the budget, so a manager greps for the definition
 instead of reading everything, fixes the line with shell tools, and re-runs the tests.
 
-The verifier (kind ``command``) writes the original test files back, then runs the suite in the sandbox:
-success iff it exits 0. The answer text is ignored. ``metadata["oracle_fix"]`` is a shell command that
+The verifier (kind ``command``, see :func:`grading_command`) writes the original test files back, then runs
+them in the sandbox from a trusted position: success iff every one of the known tests ran and passed. The
+answer text is ignored. ``metadata["oracle_fix"]`` is a shell command that
 applies the known fix (used by tests and scripted policies).
 """
 
@@ -25,13 +26,49 @@ from ctxrl.env.tasks.splits import split_of
 from ctxrl.env.tasks.toolscript import build_script
 
 FAMILY = "repo"
-TEST_COMMAND = (
-    'cd repo && PYTHONPYCACHEPREFIX="$(mktemp -d)" python3 -B -m unittest discover -s tests -t . 2>&1'
-)
-"""The suite, run from the workspace (``-t .`` makes ``tests`` and the package importable from ``repo/``).
 
-A fresh bytecode cache each run: python trusts a ``.pyc`` whose source has the same size and mtime second, so
-a one-character fix made within a second of the last run would otherwise still test the old code."""
+_GRADER = """\
+import importlib.util, os, shutil, sys, tempfile, unittest
+package, expected, files = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+root = tempfile.mkdtemp()
+keep = lambda d, names: [n for n in names if not (n.endswith(".py") or os.path.isdir(os.path.join(d, n)))]
+shutil.copytree(package, os.path.join(root, package), ignore=keep)
+sys.path.insert(0, root)
+suite, loader = unittest.TestSuite(), unittest.TestLoader()
+for i, path in enumerate(files):
+    spec = importlib.util.spec_from_file_location(f"ctxrl_graded_{i}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    suite.addTests(loader.loadTestsFromModule(module))
+result = unittest.TextTestRunner(stream=sys.stdout, verbosity=2).run(suite)
+clean = result.wasSuccessful() and result.testsRun == expected and not result.skipped
+clean = clean and not result.expectedFailures
+print(f"ctxrl-grade: {'PASS' if clean else 'FAIL'} ran={result.testsRun} of {expected}")
+sys.exit(0 if clean else 1)
+"""
+
+
+def grading_command(package: str, test_files: list[str], n_tests: int) -> str:
+    """The verifier's shell command: run the restored ``test_files`` against ``repo/<package>``, trusted.
+
+    Trust comes from where the tests run, not from the workspace the model wrote: ``python3 -I -B`` (no
+    current directory, ``PYTHON*`` variables or user site on ``sys.path``, so a planted ``unittest`` package
+    or ``sitecustomize.py`` is never imported; no bytecode read or written); a fresh copy of only the
+    package's ``.py`` sources, first on ``sys.path`` (nothing else of ``repo/`` is importable, so no planted
+    module shadows the standard library, and no stale or planted ``.pyc`` is used); only the known test files,
+    loaded by path (an added test file, ``conftest.py`` or ``tests/__init__.py`` never runs). Success needs
+    exit 0 **and** the grader's own last line saying that all ``n_tests`` tests ran and passed with none
+    skipped: code under test that exits early (``os._exit(0)``) or raises ``SkipTest`` does not pass.
+    What this cannot stop is code under test that tampers with the running interpreter itself (patching
+    ``unittest`` in memory) to fake the whole report.
+    """
+    names = [p.removeprefix("repo/") for p in test_files]
+    run = ["python3", "-I", "-B", "-c", _GRADER, package, str(n_tests), *names]
+    passed = f"ctxrl-grade: PASS ran={n_tests} of {n_tests}"
+    return (
+        f"cd repo && out=$({shlex.join(run)} 2>&1); status=$?; printf '%s\\n' \"$out\"; "
+        f'[ "$status" -eq 0 ] && [ "${{out##*$\'\\n\'}}" = {shlex.quote(passed)} ]'
+    )
 
 
 @dataclass(frozen=True)
@@ -332,7 +369,12 @@ def generate(seed: int, difficulty: str = "default") -> Task:
         prompt=prompt,
         files=files,
         tools=[run_tool],
-        verifier=VerifierSpec(kind="command", command=TEST_COMMAND, restore=test_files, timeout_s=60.0),
+        verifier=VerifierSpec(
+            kind="command",
+            command=grading_command(pkg, sorted(test_files), k.tests_per_module * k.n_modules),
+            restore=test_files,
+            timeout_s=60.0,
+        ),
         budget_tokens=k.budget_tokens,
         max_steps=k.max_steps,
         metadata={
