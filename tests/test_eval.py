@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ctxrl.cli import main
-from ctxrl.commands.eval import episode_row, flat_metrics, markdown, summarize
+from ctxrl.train.eval_table import episode_row, flat_metrics, markdown, summarize
 from ctxrl.train.trajectory import EpisodeRecord, StepCost, StepRecord
 
 SCRIPTED = ["engine.name=scripted", "sampling.max_new_tokens=8192"]

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from ctxrl.commands.common import scripted_policy
-from ctxrl.commands.eval import episode_row
 from ctxrl.env.gym_env import ContextEnv
 from ctxrl.env.policies import POLICY_MODES, Call, Plan, make_policy, managers, read_prompt, read_view
 from ctxrl.env.policies.managers import THRESHOLD
@@ -22,6 +21,7 @@ from ctxrl.env.tasks.splits import split_seeds
 from ctxrl.env.tokenizer import load_tokenizer
 from ctxrl.errors import UsageError
 from ctxrl.train.engines import EngineConfig, SamplingConfig, make_engine
+from ctxrl.train.eval_table import episode_row
 from ctxrl.train.rollout import RolloutConfig, rollout
 
 SEEDS = list(split_seeds("test", 3))

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeGuard, TypeVar
 
 from ctxrl.env.budget import READOUT
 from ctxrl.errors import UsageError
+from ctxrl.train.eval_table import COLUMNS
 from ctxrl.train.trajectory import EpisodeRecord, StepRecord
 
 if TYPE_CHECKING:
@@ -865,17 +866,7 @@ def eval_table(summary: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
     receipts = sorted(
         {k for rows in summary.values() for r in rows.values() for k in r if k.startswith("receipts/")}
     )
-    head = [
-        "policy",
-        "family",
-        "n",
-        "success",
-        "prompt tokens/ep",
-        "compute GFLOP/ep",
-        "edits/ep",
-        "rollbacks/ep",
-    ]
-    head += [f"{k.split('/', 1)[1].replace('_', ' ')}/ep" for k in receipts]
+    head = [*COLUMNS, *(f"{k.split('/', 1)[1].replace('_', ' ')}/ep" for k in receipts)]
     out = ['<table id="eval-table"><thead><tr>']
     out += [f'<th class="{"l" if i < 2 else ""}">{_e(h)}</th>' for i, h in enumerate(head)]
     out.append("</tr></thead><tbody>")
