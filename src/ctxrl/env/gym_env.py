@@ -33,7 +33,7 @@ import gymnasium as gym
 
 from ctxrl.env.config import HarnessConfig
 from ctxrl.env.episode import PromptBuilder, TaskEpisode, episode_config
-from ctxrl.env.modes import mode_spec
+from ctxrl.env.modes import DEFAULT_MODE, mode_spec
 from ctxrl.env.sandbox import remove_tree
 from ctxrl.env.tasks.base import Task, TaskSource
 from ctxrl.env.tokenizer import load_tokenizer
@@ -73,7 +73,7 @@ class ContextEnv(gym.Env[str, str]):
     def __init__(
         self,
         family: str = "retention",
-        mode: str = "file",
+        mode: str = DEFAULT_MODE,
         *,
         split: str = "train",
         difficulty: str = "default",

@@ -433,7 +433,7 @@ class Harness:
         cut = bud.rollback_cut(turns, ctx.tokens_of, cfg.limit - margin)
         removed = turns[cut:]
         ctx.replace_turns(turns[:cut])
-        target = cfg.context_file if self.mode.name == "file" else "your context"
+        target = cfg.context_file if self.mode.name == FileMode.name else "your context"
         lines = [bud.overflow_note(cfg, removed, culprits, freed=cfg.limit - ctx.tokens, target=target)]
         if state.ignored_rollbacks > cfg.rollback_retries:
             self._final_turn = True

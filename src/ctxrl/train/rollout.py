@@ -40,7 +40,7 @@ from typing import Any
 
 from ctxrl.env.config import HarnessConfig
 from ctxrl.env.episode import PromptBuilder, TaskEpisode, episode_config
-from ctxrl.env.modes import mode_spec
+from ctxrl.env.modes import DEFAULT_MODE, mode_spec
 from ctxrl.env.tasks.base import Task
 from ctxrl.errors import ConfigError
 from ctxrl.rewards.cost import ModelGeometry, episode_cost, replay_episode, step_flops
@@ -55,7 +55,7 @@ class RolloutConfig:
 
     group_size: int = 4
     """G: episodes per task (the group the advantages normalise over)."""
-    mode: str = "file"
+    mode: str = DEFAULT_MODE
     """Context-management mode (a name in the mode registry, :data:`ctxrl.env.modes.MODES`)."""
     skill: str | None = None
     """Skill text in the system prompt; None: the mode's default skill."""

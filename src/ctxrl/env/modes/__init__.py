@@ -8,7 +8,8 @@
 | `harness` | the harness: the pressure pass spills and folds | :mod:`.pressure`, :mod:`.baselines` |
 | `append`  | nobody: the context only grows, and overflowing it fails the episode | :mod:`.baselines` |
 
-Each :class:`ModeSpec` says everything the rest of ctxrl needs to know about a mode: its name, how to build
+Each :class:`ModeSpec` says everything the rest of ctxrl needs to know about a mode: its name (the mode
+class's own ``name``, written once there), how to build
 it, its default skill, the tools whose calls edit the context (their tokens are edit tokens), the budget
 features it uses, and the scripted reference policy that acts in it. Nothing else in ``src/`` lists the
 modes; adding one is one entry here (and its module).
@@ -93,7 +94,7 @@ def _append(modes: ModesConfig, pressure: PressurePass) -> Mode:
 
 _SPECS = (
     ModeSpec(
-        "file",
+        ManagedFileMode.name,
         "the model, editing the context file with shell tools",
         _file,
         skills.FILE_SKILL,
@@ -102,7 +103,7 @@ _SPECS = (
         "file-manager",
     ),
     ModeSpec(
-        "tools",
+        ToolsMode.name,
         "the model, through fixed context tools",
         _tools,
         skills.TOOLS_SKILL,
@@ -111,7 +112,7 @@ _SPECS = (
         "tools-manager",
     ),
     ModeSpec(
-        "usage",
+        UsageMode.name,
         "the model, from a usage signal, with eviction and an archive",
         _usage,
         skills.USAGE_SKILL,
@@ -120,7 +121,7 @@ _SPECS = (
         "usage-manager",
     ),
     ModeSpec(
-        "harness",
+        HarnessMode.name,
         "the harness: scheduled spill and fold",
         _harness,
         skills.HARNESS_SKILL,
@@ -129,7 +130,7 @@ _SPECS = (
         "harness",
     ),
     ModeSpec(
-        "append",
+        AppendMode.name,
         "nobody: append-only, fails on overflow",
         _append,
         skills.APPEND_SKILL,
@@ -142,6 +143,8 @@ _SPECS = (
 MODES: dict[str, ModeSpec] = {spec.name: spec for spec in _SPECS}
 """Every mode, by name, in the order tables show them."""
 MODE_NAMES: tuple[str, ...] = tuple(MODES)
+DEFAULT_MODE: str = ManagedFileMode.name
+"""The mode a run uses unless told: the most general design, the context as an editable file."""
 
 EDIT_TOOLS: frozenset[str] = frozenset().union(*(spec.edit_tools for spec in _SPECS))
 """Every mode's context-editing tools (tool names are unique across modes)."""
@@ -183,6 +186,7 @@ def make_mode(name: str, config: HarnessConfig | ModesConfig, *, generate: Gener
 
 
 __all__ = [
+    "DEFAULT_MODE",
     "EDIT_TOOLS",
     "MODES",
     "MODE_NAMES",

@@ -201,7 +201,7 @@ def apply_file_edit(
 class ManagedFileMode(Mode):
     """File mode, plus format receipts for malformed calls and the optional pressure pass."""
 
-    name = "file"
+    name = FileMode.name
 
     def __init__(self, config: ModesConfig, pressure: PressurePass | None = None) -> None:
         self.inner = FileMode()
