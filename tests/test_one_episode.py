@@ -4,6 +4,7 @@ the same prompt ids and actions at every step, the same verdict and the same rep
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,10 @@ def test_gym_rollout_and_eval_give_the_same_episode(
     assert (ep.success, ep.end_reason) == (gym_success, gym_reason)
     assert ep.cost_flops == pytest.approx(gym_cost, rel=1e-12)
     assert any(s.receipts for s in ep.steps)  # the episode managed its context: the comparison has edits
+    assert any(s.edit_calls and sum(s.edit_mask) for s in ep.steps)  # and earned edit credit for it
+    if policy == "tools-manager":  # the mode's events reach the records (skill evolution's notes read them)
+        kinds = {json.loads(e)["type"] for s in ep.steps for e in s.events}
+        assert "context_op" in kinds
 
     config = load_run_config(
         None,

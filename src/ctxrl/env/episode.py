@@ -34,9 +34,10 @@ context or rolled it back (``edit``), when the messages before the new assistant
 e.g. the harness merged a note into an earlier turn, or the tool list changed), or when the template does
 not render the messages append-only (``template``). Every step records which.
 
-**Edit calls.** A tool call targeted the context when it called one of the mode's context-editing tools
-(the registry's ``edit_tools``), or when it is a shell command whose result carries one of the step's
-context receipts (file mode: it changed or named the context file).
+**Edit calls.** A tool call edited the context when it is a shell command (file mode: it changed the
+context file) or one of the mode's context-editing tools (the registry's ``edit_tools``) and its result
+carries an applied receipt. Reads of the context file, rejected or failed edits and malformed calls do not
+count: nothing rewards touching the context without changing it.
 """
 
 from __future__ import annotations
@@ -366,15 +367,17 @@ class TaskEpisode:
             remove_tree(store)
 
     def _edit_calls(self, calls: Sequence[ToolCall], result: StepResult) -> list[int]:
-        """Indices of the calls that targeted the context (see the module docstring). The harness appends
-        one result per call, in order, so ``result.observations[i]`` is call ``i``'s result."""
-        receipts = [r.text for r in result.receipts]
+        """Indices of the calls that edited the context (see the module docstring): a shell command or a
+        context tool whose result carries an *applied* receipt. A read that matched nothing, a rejected or
+        failed edit and a malformed call earn no edit credit. The harness appends one result per call, in
+        order, so ``result.observations[i]`` is call ``i``'s result."""
+        applied = [r.text for r in result.receipts if r.applied]
         chosen = []
         for i, call in enumerate(calls):
-            if call.name == FORMAT_ERROR_TOOL:
+            if call.name == FORMAT_ERROR_TOOL or not (call.name == "shell" or call.name in self.edit_tools):
                 continue
             shown = result.observations[i] if i < len(result.observations) else ""
-            if call.name in self.edit_tools or (call.name == "shell" and any(r in shown for r in receipts)):
+            if any(text in shown for text in applied):
                 chosen.append(i)
         return chosen
 

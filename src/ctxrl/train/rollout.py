@@ -29,6 +29,7 @@ answer. Nothing waits on such an episode: the loop ends when no episode is live.
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import time
@@ -71,8 +72,9 @@ class RolloutConfig:
     cache_block_size: int | None = None
     """Block size of the prefix-cache cost replay; None: the engine's (vLLM reports its own; engines without
     a prefix cache price as a GPU vLLM would, 16)."""
-    mask_setting: MaskSetting = "edit_tokens"
-    """Which tokens the edit mask marks (:func:`ctxrl.rewards.masks.edit_mask`)."""
+    mask_setting: MaskSetting = "edit_only_turns"
+    """Which tokens the edit mask marks (:func:`ctxrl.rewards.masks.edit_mask`); the reference's
+    ``edit_only_turns`` marks the calls of steps whose every call edited the context."""
 
     def __post_init__(self) -> None:
         mode_spec(self.mode)  # an unknown mode is an error naming the valid ones
@@ -204,6 +206,7 @@ class _Episode:
                 "edited": result.edited,
                 "free_turn": result.free_turn,
                 "rolled_back_turns": result.rolled_back_turns,
+                "events": [json.dumps(e, sort_keys=True, default=str) for e in result.events],
             }
         )
         return 1
@@ -266,6 +269,7 @@ _NO_ACTION: dict[str, Any] = {
     "free_turn": False,
     "tool_calls": [],
     "rolled_back_turns": 0,
+    "events": [],
 }
 """The harness fields of a step whose generation was aborted (nothing was applied)."""
 

@@ -101,10 +101,13 @@ class StepRecord:
     cost: StepCost
     rolled_back_turns: int = 0
     """Turns the overflow rollback removed at this step (0: no rollback)."""
+    events: list[str] = field(default_factory=list)
+    """What the mode recorded this step (``context_op``, ``ContextManaged`` and pressure events), one JSON
+    object per item (kept as text so every line of the file has one schema)."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StepRecord:
-        values = _known(cls, data)
+        values = _known(cls, {"rolled_back_turns": 0, "events": [], **data})
         values["cost"] = StepCost(**_known(StepCost, data["cost"]))
         return cls(**values)
 
@@ -158,7 +161,7 @@ class EpisodeRecord:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EpisodeRecord:
         """From :meth:`to_dict` output, a parsed JSONL line or a ``datasets`` row."""
-        values = _known(cls, data)
+        values = _known(cls, {"rolled_back_turns": 0, "events": [], **data})
         values["steps"] = [StepRecord.from_dict(s) for s in data.get("steps") or []]
         return cls(**values)
 
