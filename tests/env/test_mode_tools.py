@@ -382,3 +382,19 @@ def test_every_context_tool_call_records_a_context_op_event(h: Harness) -> None:
     assert result.metrics()["harness/context_ops"] == 2.0
     assert result.metrics()["harness/tokens_freed"] == drop["tokens_freed"]
     json.dumps(result.events)  # plain data, loggable as is
+
+
+def test_context_tools_are_refused_before_they_are_offered(
+    counter: ChatTemplateCounter, tmp_path: Path
+) -> None:
+    """Seed 000: the context tools exist only once offered; a call before that is refused with a receipt
+    and changes nothing."""
+    late = ModesConfig(tools=ToolsModeConfig(with_pressure=False, offer_pct=1.0, offer_round=0))
+    harness = make(counter, tmp_path, modes=late)
+    assert "context_drop" not in names(harness)
+    call(harness, ("shell", {"command": "emit 400 big"}))
+    before = list(harness.context.turns)
+    result = call(harness, ("context_drop", {"handles": ["r1"]}))
+    assert [r.kind for r in result.receipts] == ["rejected"]
+    assert "rejected by rule not_offered" in result.receipts[0].text
+    assert list(harness.context.turns[: len(before)]) == before  # nothing was dropped

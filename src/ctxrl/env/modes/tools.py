@@ -239,6 +239,13 @@ class ToolsMode(Mode):
                 f"[{call.name}] the context tools are disabled in this run.",
                 Receipt(ReceiptKind.REJECTED, text, tokens, tokens),
             )
+        if not state.offered:  # seed 000: the tools do nothing until the harness has offered them
+            tokens = episode.context.tokens
+            text = f"[context] rejected by rule not_offered: the context tools are not offered yet ({tokens} tokens)"
+            return CallOutcome(
+                f"[{call.name}] the context tools are not offered yet; they are offered when the context fills.",
+                Receipt(ReceiptKind.REJECTED, text, tokens, tokens),
+            )
         args, problem = parse_arguments(call, schema)
         if problem:
             return format_outcome(call.name, problem, episode.context)
