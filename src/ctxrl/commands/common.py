@@ -7,13 +7,17 @@ line naming what is wrong; the CLI prints it and exits 1. Checks run before any 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
+import logging
+import os
 import re
 import shutil
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from ctxrl.commands.config import RunConfig, dump_run_config, load_run_config
 from ctxrl.errors import ConfigError, UsageError
@@ -186,3 +190,29 @@ def build_engine(config: RunConfig, folder: Path | None, tokenizer: Any) -> Any:
     assert folder is not None
     check_causal_lm_dir(folder)  # before a minute of engine start-up
     return make_engine(cfg, folder)
+
+
+@contextlib.contextmanager
+def library_logs_to(path: Path) -> Iterator[TextIO]:
+    """Send everything the libraries print (vLLM's, transformers', torch's warnings and logs, C-level
+    output included) to ``path`` while the block runs; yield a stream on the terminal's stderr for the
+    command's own progress bars. The command's ``print`` (stdout) is untouched."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    terminal = os.fdopen(os.dup(saved), "w", buffering=1)
+    with path.open("a", encoding="utf-8") as log:
+        os.dup2(log.fileno(), 2)
+        handler = logging.StreamHandler(log)
+        root = logging.getLogger()
+        root.addHandler(handler)
+        logging.captureWarnings(True)  # Python warnings go through logging to the file too
+        try:
+            yield terminal
+        finally:
+            logging.captureWarnings(False)
+            root.removeHandler(handler)
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            terminal.close()

@@ -15,11 +15,13 @@ import contextlib
 import errno
 import os
 import stat
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ctxrl.env.config import HarnessConfig
-from ctxrl.env.context import ToolCall, Turn
+from ctxrl.env.context import ToolCall, Turn, normalize_turns
 from ctxrl.env.ctxfile import parse_context, render_context
 from ctxrl.env.mode_config import ModesConfig
 from ctxrl.env.modes.base import (
@@ -159,6 +161,21 @@ def run_shell_synced(command: str, episode: Episode) -> CallOutcome:
     return CallOutcome(format_command_output(result), receipt, context_only, flags)
 
 
+def genuine_calls_only(parsed: Sequence[Turn], live: Sequence[Turn]) -> list[Turn]:
+    """``parsed`` with every tool call and result the harness did not make folded away: a result whose call
+    id is not one the live context holds becomes a user note (a model cannot mint a tool result such as a
+    forged "ALL TESTS PASSED"), and an invented call is dropped from its assistant turn (its text stays)."""
+    known = {i for t in live for i in (t.tool_call_id, *(c.id for c in t.tool_calls)) if i}
+    out = []
+    for turn in parsed:
+        if turn.role == "tool" and turn.tool_call_id not in known:
+            turn = Turn("user", turn.content)
+        elif turn.role == "assistant" and any(c.id not in known for c in turn.tool_calls):
+            turn = replace(turn, tool_calls=tuple(c for c in turn.tool_calls if c.id in known))
+        out.append(turn)
+    return out
+
+
 def apply_file_edit(
     episode: Episode, written: str, command: str, exit_code: int
 ) -> tuple[Receipt | None, str | None]:
@@ -178,7 +195,7 @@ def apply_file_edit(
     after: int | None = None
     if data is not None and file_changed:
         new_text = data.decode("utf-8", errors="replace")
-        parsed = ctx.counted(parse_context(data))
+        parsed = ctx.counted(normalize_turns(genuine_calls_only(parse_context(data), ctx.turns)))
         context_changed = tuple(parsed) != ctx.turns
         after = ctx.tokens_of(parsed)
     receipt = judge_file_edit(
