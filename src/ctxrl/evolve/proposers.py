@@ -13,7 +13,8 @@ Every candidate must cite the note steps it targets (``targets: [n1.B.s7] ...``)
   URL when it stays unreachable.
 - :class:`OfflineProposer`: **deterministic and rule-based, for tests and the CPU quickstart; it is not a
   model.** It reads the notes' structured digests and edits one habit sentence of the skill, the compaction
-  threshold (:data:`COMPACT_SENTENCE`): failures that passed the context limit or got urgent nudges lower it;
+  threshold (:data:`ctxrl.env.skills.COMPACT_SENTENCE`, which the scripted managers read): failures that passed
+  the context limit or got urgent nudges lower it;
   successes that cost more because they edited more often raise it. Each of its N candidates moves the
   threshold by a different step, cites the steps that showed the problem and predicts the direction of the
   effect. A policy whose behaviour follows that sentence (the scripted skill-reading manager) can then improve
@@ -32,6 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ctxrl.env.skills import COMPACT_PATTERN, COMPACT_SENTENCE, DEFAULT_COMPACT_PERCENT, compact_percent
 from ctxrl.errors import CtxrlError
 from ctxrl.evolve.notes import ContrastNote, render_notes
 from ctxrl.evolve.skill import MAX_BODY_CHARS, Skill
@@ -190,20 +192,11 @@ class OpenAIProposer:
 
 # ------------------------------------------------------------------------------------------- offline
 
-COMPACT_SENTENCE = "Compact when the context reaches {percent}% of the limit."
-COMPACT_PATTERN = re.compile(r"Compact when the context reaches (\d{1,3})% of the limit\.")
-"""The habit sentence the offline proposer edits; a skill-reading scripted policy takes its threshold from it."""
-DEFAULT_PERCENT = 60
+DEFAULT_PERCENT = DEFAULT_COMPACT_PERCENT
 """The threshold a skill without the sentence is taken to have (the scripted managers' default fill, 0.6)."""
 LOWER_STEPS = (10, 20, 5, 15, 25)
 RAISE_STEPS = (10, 5, 15, 20, 25)
 MIN_PERCENT, MAX_PERCENT = 20, 90
-
-
-def compact_percent(body: str) -> int | None:
-    """The compaction threshold a skill states, in percent of the limit, or None when it states none."""
-    match = COMPACT_PATTERN.search(body)
-    return int(match.group(1)) if match else None
 
 
 def with_compact_percent(body: str, percent: int) -> str:
