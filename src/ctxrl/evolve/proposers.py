@@ -103,6 +103,21 @@ class ChatProposer:
         ]
 
 
+def engine_complete(engine: Any, tokenizer: Any, sampling: Any) -> Callable[[list[Message]], str]:
+    """``complete(messages)`` through a generation engine (self-evolution: the policy model proposes): the
+    messages rendered with ``tokenizer``'s chat template, one ``engine.generate`` call, the text decoded."""
+
+    def complete(messages: list[Message]) -> str:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # some tokenizers return an encoding
+            ids = ids["input_ids"]
+        (gen,) = engine.generate([list(ids)], sampling)
+        text: str = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+        return text
+
+    return complete
+
+
 # ------------------------------------------------------------------------------------------- HTTP
 
 _RETRY_STATUS = (408, 429, 500, 502, 503, 504)
