@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +163,7 @@ def evolve_command(config: RunConfig, out: Path) -> dict[str, Any]:
     seed = _seed_skill(config)
     out.mkdir(parents=True, exist_ok=True)
     save_config(config, out)
+    shutil.rmtree(out / "workspaces", ignore_errors=True)  # a killed run's half-built episode folders
     folder, tokenizer, price = resolve_model(config, out)
     engine = config.engine
     base = build_engine(config, folder, tokenizer)
