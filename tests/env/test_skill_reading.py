@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from ctxrl.env.modes import MODES
@@ -14,7 +16,7 @@ PLAN = Plan((Call("run_tests"),), ("fact one",))
 
 
 def _view(skill: str, used: int, task: str = "Find the value.") -> View:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "system", "content": system_prompt(skill)},
         {"role": "user", "content": task},
         {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "function": {"name": "shell", "arguments": {}}}]},

@@ -47,7 +47,10 @@ class FakeRunner:
         for task, body in zip(tasks, skills):
             percent = compact_percent(body) or 60
             p = max(0.05, 0.95 - abs(percent - 35) / 60)
-            u = int.from_bytes(hashlib.sha256(f"{task.task_id}:{repeat}".encode()).digest()[:8], "big") / 2**64
+            u = (
+                int.from_bytes(hashlib.sha256(f"{task.task_id}:{repeat}".encode()).digest()[:8], "big")
+                / 2**64
+            )
             ok = u < p
             steps = [_step(800, []), _step(1900 if not ok else 900, [] if ok else [URGENT])]
             out.append(

@@ -100,9 +100,13 @@ def _check(config: RunConfig) -> None:
                 f"engine.policy={engine.policy} acts in mode {POLICY_MODES[engine.policy]}, but rollout.mode={mode}"
             )
         if config.evolve.proposer == "self":
-            raise UsageError("evolve.proposer=self needs a model engine; a scripted policy cannot write skills")
+            raise UsageError(
+                "evolve.proposer=self needs a model engine; a scripted policy cannot write skills"
+            )
     elif config.evolve.policy_jitter:
-        raise UsageError("evolve.policy_jitter applies to the scripted engine only; a model samples by itself")
+        raise UsageError(
+            "evolve.policy_jitter applies to the scripted engine only; a model samples by itself"
+        )
 
 
 def _seed_skill(config: RunConfig) -> Any:
@@ -123,7 +127,9 @@ def _seed_skill(config: RunConfig) -> Any:
     else:
         skill = Skill(body=text.strip(), mode=config.rollout.mode, parent=None, round=0)
     if skill.mode != config.rollout.mode or skill.parent is not None or skill.round != 0 or not skill.body:
-        raise UsageError(f"evolve.seed_skill {path}: a seed skill is of mode {config.rollout.mode}, parent none, round 0")
+        raise UsageError(
+            f"evolve.seed_skill {path}: a seed skill is of mode {config.rollout.mode}, parent none, round 0"
+        )
     return skill
 
 
@@ -177,7 +183,9 @@ def evolve_command(config: RunConfig, out: Path) -> dict[str, Any]:
         if repeat not in engines:
             assert engine.policy is not None
             policy = make_policy(engine.policy, jitter=config.evolve.policy_jitter, seed=engine.seed + repeat)
-            engines[repeat] = make_engine(engine, folder, tokenizer=tokenizer, policy=text_policy(policy, tokenizer))
+            engines[repeat] = make_engine(
+                engine, folder, tokenizer=tokenizer, policy=text_policy(policy, tokenizer)
+            )
         return engines[repeat]
 
     runner = RolloutRunner(

@@ -73,10 +73,14 @@ class EvolveConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.train_repeats < 2:
-            raise ConfigError(f"train_repeats must be >= 2 (a note contrasts two runs), got {self.train_repeats}")
+            raise ConfigError(
+                f"train_repeats must be >= 2 (a note contrasts two runs), got {self.train_repeats}"
+            )
         if self.max_chars < 1 or self.proposer_timeout_s <= 0 or self.proposer_retries < 0:
             raise ConfigError("max_chars must be >= 1, proposer_timeout_s > 0 and proposer_retries >= 0")
         if not 0.0 <= self.policy_jitter < 1.0:
             raise ConfigError(f"policy_jitter must be in [0, 1), got {self.policy_jitter}")
         if self.proposer == "openai" and (not self.proposer_url or not self.proposer_model):
-            raise ConfigError("proposer=openai needs proposer_url (e.g. http://127.0.0.1:8000/v1) and proposer_model")
+            raise ConfigError(
+                "proposer=openai needs proposer_url (e.g. http://127.0.0.1:8000/v1) and proposer_model"
+            )

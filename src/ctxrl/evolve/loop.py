@@ -121,7 +121,9 @@ def split_tasks(families: Sequence[str], difficulty: str, split: str, start: int
     out = []
     for i in range(start, start + n):
         if i // len(families) >= len(seeds):
-            raise EvolveError(f"the {split} split has no task {i} ({len(seeds)} seeds per family); fewer rounds")
+            raise EvolveError(
+                f"the {split} split has no task {i} ({len(seeds)} seeds per family); fewer rounds"
+            )
         out.append(make_task(families[i % len(families)], seeds[i // len(families)], difficulty, split=split))
     return out
 
@@ -254,7 +256,9 @@ class EvolveLoop:
             notes = build_notes(episodes, max_notes=cfg.max_notes)
             folder = self.run_dir / "rounds" / str(r)
             write_atomic(folder / "notes.md", render_notes(notes) + "\n" if notes else "(no contrast)\n")
-            texts = self.proposer.propose(inc, notes, cfg.proposals, round=r)[: cfg.proposals] if notes else []
+            texts = (
+                self.proposer.propose(inc, notes, cfg.proposals, round=r)[: cfg.proposals] if notes else []
+            )
             steps = known_steps(notes)
             outcomes = [
                 validate_candidate(t, incumbent=inc, round=r, known_steps=steps, max_chars=cfg.max_chars)
@@ -286,7 +290,10 @@ class EvolveLoop:
             still = []
             for cand in live:
                 decision = gate.decide(
-                    self.dev_paired(cand, inc, r, order[:n]), k=ks[cand.id], n_planned=len(dev), repeats=cfg.repeats
+                    self.dev_paired(cand, inc, r, order[:n]),
+                    k=ks[cand.id],
+                    n_planned=len(dev),
+                    repeats=cfg.repeats,
                 )
                 if decision is None:
                     still.append(cand)
@@ -355,7 +362,12 @@ class EvolveLoop:
                     "incumbent": inc_id,
                     "finished": lin.round_finished(r),
                     "candidates": [
-                        {"skill": c.skill.id, "status": c.status, "predicts": c.skill.predicts, "decision": c.decision}
+                        {
+                            "skill": c.skill.id,
+                            "status": c.status,
+                            "predicts": c.skill.predicts,
+                            "decision": c.decision,
+                        }
                         for c in cands
                     ],
                     "dropped": [reason for _, _, reason in lin.dropped(r)],
@@ -426,7 +438,11 @@ class EvolveLoop:
 
 def _describe(decision: GateDecision) -> str:
     verdict = "accepted" if decision.accept else "rejected"
-    p = "" if decision.p_superior is None else f", p {decision.p_superior:.4f} vs alpha_k {decision.alpha_k:.4f}"
+    p = (
+        ""
+        if decision.p_superior is None
+        else f", p {decision.p_superior:.4f} vs alpha_k {decision.alpha_k:.4f}"
+    )
     return (
         f"{verdict} ({decision.branch}) after {decision.n_tasks}/{decision.n_planned} dev tasks: "
         f"d {decision.d:+.3f}{p}, cost {decision.cost_incumbent:.0f} -> {decision.cost_candidate:.0f}, "

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import re
 import time
 import urllib.error
 import urllib.request

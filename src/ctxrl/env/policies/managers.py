@@ -38,7 +38,6 @@ DROP_MIN_CHARS = 300
 _TURN = re.compile(r"\ATurn #(\d+)\n")
 
 
-
 class Manager(Protocol):
     """``manager(view, plan, threshold=None) -> action text``; ``threshold`` None: the skill's (:func:`threshold`)."""
 
