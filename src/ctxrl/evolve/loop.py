@@ -326,22 +326,23 @@ class EvolveLoop:
         order = [t.task_id for t in tasks]
         out: dict[str, Any] = {"tasks": len(tasks), "repeats": cfg.repeats}
         for name, skill in (("seed", seed), ("final", final)):
-            scores, costs = lin.scores(skill.id, "test", TEST_ROUND, order)
-            flat = [v for t in order for v in scores[t]]
-            p = fmean(flat)
+            episodes = lin.episodes(skill.id, "test", TEST_ROUND)
+            p = fmean(e.success for e in episodes)
             out[name] = {
                 "skill": skill.id,
                 "success": p,
-                "success_se": math.sqrt(p * (1 - p) / len(flat)),
-                "cost_tokens": fmean(v for t in order for v in costs[t]),
+                "success_se": math.sqrt(p * (1 - p) / len(episodes)),
+                "score": fmean(e.score for e in episodes),
+                "cost_tokens": fmean(e.cost_tokens for e in episodes),
             }
         fs, fc = lin.scores(final.id, "test", TEST_ROUND, order)
         ss, sc = lin.scores(seed.id, "test", TEST_ROUND, order)
-        out["d"] = fmean(pair(fs, ss, fc, sc, order=order).diffs)
+        out["d_score"] = fmean(pair(fs, ss, fc, sc, order=order).diffs)
         self.log(
-            f"test ({len(tasks)} tasks x {cfg.repeats}): seed {seed.id} {out['seed']['success']:.1%}, "
-            f"final {final.id} {out['final']['success']:.1%}; cost {out['seed']['cost_tokens']:.0f} -> "
-            f"{out['final']['cost_tokens']:.0f} tokens"
+            f"test ({len(tasks)} tasks x {cfg.repeats}): seed {seed.id} solved {out['seed']['success']:.1%} "
+            f"(score {out['seed']['score']:.3f}), final {final.id} {out['final']['success']:.1%} "
+            f"(score {out['final']['score']:.3f}); cost {out['seed']['cost_tokens']:.0f} -> "
+            f"{out['final']['cost_tokens']:.0f} tokens/episode"
         )
         return out
 
@@ -399,7 +400,7 @@ class EvolveLoop:
             "",
             f"Incumbent: `{self.lineage.incumbent().id}` (seed `{self.lineage.seed().id}`).",
             "",
-            "| round | incumbent | candidate | predicts | decision | dev tasks run | d | p (superior) | alpha_k |",
+            "| round | incumbent | candidate | predicts | decision | dev tasks run | d (score) | p (superior) | alpha_k |",
             "|---:|---|---|---|---|---:|---:|---:|---:|",
         ]
         for row in rows:
@@ -423,12 +424,13 @@ class EvolveLoop:
                 "",
                 f"Test split ({t['tasks']} tasks x {t['repeats']}), read once after the rounds:",
                 "",
-                "| skill | success | cost tokens/ep |",
-                "|---|---:|---:|",
-                f"| seed `{t['seed']['skill']}` | {t['seed']['success']:.3f} ± {t['seed']['success_se']:.3f} | "
-                f"{t['seed']['cost_tokens']:,.0f} |",
-                f"| final `{t['final']['skill']}` | {t['final']['success']:.3f} ± {t['final']['success_se']:.3f} | "
-                f"{t['final']['cost_tokens']:,.0f} |",
+                "| skill | success | score | cost tokens/ep |",
+                "|---|---:|---:|---:|",
+                *(
+                    f"| {name} `{t[name]['skill']}` | {t[name]['success']:.3f} ± {t[name]['success_se']:.3f} | "
+                    f"{t[name]['score']:.3f} | {t[name]['cost_tokens']:,.0f} |"
+                    for name in ("seed", "final")
+                ),
             ]
         write_atomic(self.run_dir / REPORT_FILE, "\n".join(lines) + "\n")
 
