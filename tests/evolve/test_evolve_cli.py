@@ -116,3 +116,33 @@ def test_kill_9_mid_round_then_resume_loses_nothing_and_ends_in_the_clean_state(
     after = _episodes(out)
     assert all(after[k] == v for k, v in before.items())  # every graded episode survived, unchanged
     assert _state(out) == _state(clean)  # same candidates, decisions, proposal numbers, episodes, best skill
+
+
+def _fails(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    return err
+
+
+def test_bad_input_is_one_line_before_any_episode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ctxrl.commands.common import save_config
+    from ctxrl.commands.config import load_run_config
+
+    out = tmp_path / "run"
+    err = _fails([*_args(out), "evolve.seed_skill=no/such/SKILL.md"], capsys)
+    assert "evolve.seed_skill: cannot read no/such/SKILL.md" in err
+    err = _fails([*_args(tmp_path / "b"), "evolve.proposer=openai"], capsys)
+    assert "proposer=openai needs proposer_url" in err
+    err = _fails([*_args(tmp_path / "c"), "engine.policy=tools-manager"], capsys)
+    assert "engine.policy=tools-manager acts in mode tools, but rollout.mode=file" in err
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "notes.txt").write_text("x")
+    err = _fails(["evolve", "--out", str(tmp_path / "d"), "--resume"], capsys)
+    assert "holds no evolution run" in err
+    # a resumed run may not change what it measures
+    run = tmp_path / "e"
+    Lineage.open(run, mode="file").close()
+    save_config(load_run_config(ROOT / "configs" / "evolve_tiny.yaml", _args(run)[5:]), run)
+    err = _fails(["evolve", "--out", str(run), "--resume", "evolve.dev_tasks=3"], capsys)
+    assert "--resume: evolve.dev_tasks was 2 in" in err and "now 3" in err
