@@ -6,6 +6,7 @@
     ctxrl rollout --config configs/rollout.yaml [KEY=VALUE ...] --out runs/r1
     ctxrl eval --config configs/eval_scripted.yaml [KEY=VALUE ...] --out runs/eval
     ctxrl bench NAME [--json FILE]
+    ctxrl evolve --config configs/evolve_tiny.yaml [KEY=VALUE ...] --out runs/evolve [--resume]
 
 This module parses and dispatches; every subcommand's implementation lives in :mod:`ctxrl.commands`.
 Start-up must stay instant: this module imports only the standard library. Each subcommand names the
@@ -139,6 +140,18 @@ def _add_report(sub: argparse._SubParsersAction[Any]) -> None:
     p.set_defaults(run="ctxrl.commands.report:run_report")
 
 
+def _add_evolve(sub: argparse._SubParsersAction[Any]) -> None:
+    p = sub.add_parser(
+        "evolve", help="overnight skill evolution: notes, proposals, the held-out gate; resumable (--resume)"
+    )
+    _add_run_config(p)
+    _add_out(p, "runs/evolve")
+    p.add_argument(
+        "--resume", action="store_true", help="continue the run in --out (start it if --out is empty)"
+    )
+    p.set_defaults(run="ctxrl.commands.evolve:run_evolve")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="ctxrl", description="Train and evolve LLM agents that manage their own context window."
@@ -152,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_rollout(sub)
     _add_bench(sub)
     _add_report(sub)
+    _add_evolve(sub)
     return parser
 
 

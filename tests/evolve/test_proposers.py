@@ -169,3 +169,25 @@ def test_chat_proposer_over_any_completion_function() -> None:
 
     assert ChatProposer(complete).propose(INC, [], 3, round=2) == ["text"] * 3
     assert seen == [2, 2, 2]
+
+
+def test_engine_complete_renders_the_chat_and_decodes_one_generation() -> None:
+    from ctxrl.env.tokenizer import load_tokenizer
+    from ctxrl.evolve.proposers import engine_complete
+    from ctxrl.train.engines.base import Generation, SamplingConfig
+
+    tokenizer = load_tokenizer(None)
+    seen: list[list[int]] = []
+
+    class Echo:
+        def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
+            seen.extend(prompts)
+            ids = tokenizer.encode("---\nmode: file\n---\nbody", add_special_tokens=False)
+            return [Generation(ids, [0.0] * len(ids), "stop", 0)]
+
+    complete = engine_complete(Echo(), tokenizer, SamplingConfig(temperature=0.0))
+    text = complete([{"role": "system", "content": "S"}, {"role": "user", "content": "write candidate 1"}])
+    assert text == "---\nmode: file\n---\nbody"
+    (prompt,) = seen
+    rendered = tokenizer.decode(prompt)
+    assert "write candidate 1" in rendered and rendered.rstrip().endswith("assistant")

@@ -26,6 +26,7 @@ from ctxrl.env.config import HarnessConfig
 from ctxrl.env.tasks.registry import DIFFICULTIES, FAMILIES
 from ctxrl.env.tasks.splits import SPLIT_RANGES
 from ctxrl.errors import ConfigError
+from ctxrl.evolve.config import EvolveConfig
 from ctxrl.rewards.advantages import AdvantageConfig
 from ctxrl.train.engines.base import EngineConfig, SamplingConfig
 from ctxrl.train.rollout import RolloutConfig
@@ -98,6 +99,7 @@ class RunConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     advantages: AdvantageConfig = field(default_factory=AdvantageConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    evolve: EvolveConfig = field(default_factory=EvolveConfig)
 
 
 def load_run_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> RunConfig:

@@ -8,6 +8,8 @@ The mode registry (:mod:`ctxrl.env.modes`) says which skill is whose; ``default_
 
 from __future__ import annotations
 
+import re
+
 BASE_PROMPT = (
     "You are an agent working in a sandboxed workspace. Use the tools to do the task, then call submit with "
     "your final answer. Your context window is limited; every tool result shows how full it is."
@@ -35,6 +37,23 @@ HARNESS_SKILL = (
     "note exact values you will need in your own messages."
 )
 APPEND_SKILL = "## Your context\nNothing is removed from your context; it fails when full. Be brief."
+
+
+COMPACT_SENTENCE = "Compact when the context reaches {percent}% of the limit."
+"""The habit sentence that states a compaction threshold; skill evolution's offline proposer edits it."""
+COMPACT_PATTERN = re.compile(r"Compact when the context reaches (\d{1,3})% of the limit\.")
+DEFAULT_COMPACT_PERCENT = 60
+"""The threshold a skill that states no compaction sentence is taken to have."""
+
+
+def compact_percent(text: str) -> int | None:
+    """The compaction threshold ``text`` states (percent of the limit; the first sentence counts), or None.
+
+    >>> compact_percent("Keep values. Compact when the context reaches 45% of the limit.")
+    45
+    """
+    match = COMPACT_PATTERN.search(text)
+    return int(match.group(1)) if match else None
 
 
 def system_prompt(skill: str, context_file: str = "context.md") -> str:

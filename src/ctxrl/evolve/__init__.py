@@ -1,7 +1,8 @@
 """Skill evolution: skills and their lineage, contrastive notes, proposers, the paired held-out gate.
 
-One round is a short composition of the pieces (``tests/evolve/evolve_driver.py`` runs it with a fake
-evaluator; the overnight loop adds the episode factory, progress and the report):
+One round is a short composition of the pieces; :mod:`ctxrl.evolve.loop` is that composition over the rollout
+loop (``ctxrl evolve``, settings in :class:`ctxrl.evolve.config.EvolveConfig`), and
+``tests/evolve/evolve_driver.py`` runs it with a fake evaluator:
 
 1. ``lineage.begin_round(r)``; the incumbent (:meth:`~ctxrl.evolve.lineage.Lineage.incumbent`) runs the train
    tasks with repeats, each graded episode recorded as it completes (:meth:`~ctxrl.evolve.lineage.Lineage.record_episode`,
@@ -17,5 +18,6 @@ evaluator; the overnight loop adds the episode factory, progress and the report)
    promotes the winner and rewrites ``best_skill/SKILL.md``.
 
 Modules: :mod:`~ctxrl.evolve.skill`, :mod:`~ctxrl.evolve.notes`, :mod:`~ctxrl.evolve.proposers`,
-:mod:`~ctxrl.evolve.gate`, :mod:`~ctxrl.evolve.lineage`. Importing them needs neither torch nor vLLM.
+:mod:`~ctxrl.evolve.gate`, :mod:`~ctxrl.evolve.lineage`, :mod:`~ctxrl.evolve.config`, :mod:`~ctxrl.evolve.loop`.
+Importing them needs neither torch nor vLLM.
 """

@@ -268,6 +268,11 @@ class Lineage:
         row = self._conn.execute("SELECT finished FROM rounds WHERE round = ?", (round,)).fetchone()
         return row is not None and row[0] is not None
 
+    def round_incumbent(self, round: int) -> str | None:
+        """The id of the incumbent ``round`` began with (None if it has not begun)."""
+        row = self._conn.execute("SELECT incumbent FROM rounds WHERE round = ?", (round,)).fetchone()
+        return None if row is None else str(row[0])
+
     def begin_round(self, round: int) -> None:
         """Start ``round`` with the current incumbent; a no-op if it was begun already (a resumed run)."""
         with self._tx() as conn:

@@ -13,7 +13,8 @@ Every candidate must cite the note steps it targets (``targets: [n1.B.s7] ...``)
   URL when it stays unreachable.
 - :class:`OfflineProposer`: **deterministic and rule-based, for tests and the CPU quickstart; it is not a
   model.** It reads the notes' structured digests and edits one habit sentence of the skill, the compaction
-  threshold (:data:`COMPACT_SENTENCE`): failures that passed the context limit or got urgent nudges lower it;
+  threshold (:data:`ctxrl.env.skills.COMPACT_SENTENCE`, which the scripted managers read): failures that passed
+  the context limit or got urgent nudges lower it;
   successes that cost more because they edited more often raise it. Each of its N candidates moves the
   threshold by a different step, cites the steps that showed the problem and predicts the direction of the
   effect. A policy whose behaviour follows that sentence (the scripted skill-reading manager) can then improve
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import re
 import time
 import urllib.error
 import urllib.request
@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ctxrl.env.skills import COMPACT_PATTERN, COMPACT_SENTENCE, DEFAULT_COMPACT_PERCENT, compact_percent
 from ctxrl.errors import CtxrlError
 from ctxrl.evolve.notes import ContrastNote, render_notes
 from ctxrl.evolve.skill import MAX_BODY_CHARS, Skill
@@ -99,6 +100,21 @@ class ChatProposer:
             self.complete(proposer_messages(incumbent, notes, round=round, variant=i)).strip()
             for i in range(n)
         ]
+
+
+def engine_complete(engine: Any, tokenizer: Any, sampling: Any) -> Callable[[list[Message]], str]:
+    """``complete(messages)`` through a generation engine (self-evolution: the policy model proposes): the
+    messages rendered with ``tokenizer``'s chat template, one ``engine.generate`` call, the text decoded."""
+
+    def complete(messages: list[Message]) -> str:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # some tokenizers return an encoding
+            ids = ids["input_ids"]
+        (gen,) = engine.generate([list(ids)], sampling)
+        text: str = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+        return text
+
+    return complete
 
 
 # ------------------------------------------------------------------------------------------- HTTP
@@ -190,20 +206,11 @@ class OpenAIProposer:
 
 # ------------------------------------------------------------------------------------------- offline
 
-COMPACT_SENTENCE = "Compact when the context reaches {percent}% of the limit."
-COMPACT_PATTERN = re.compile(r"Compact when the context reaches (\d{1,3})% of the limit\.")
-"""The habit sentence the offline proposer edits; a skill-reading scripted policy takes its threshold from it."""
-DEFAULT_PERCENT = 60
+DEFAULT_PERCENT = DEFAULT_COMPACT_PERCENT
 """The threshold a skill without the sentence is taken to have (the scripted managers' default fill, 0.6)."""
 LOWER_STEPS = (10, 20, 5, 15, 25)
 RAISE_STEPS = (10, 5, 15, 20, 25)
 MIN_PERCENT, MAX_PERCENT = 20, 90
-
-
-def compact_percent(body: str) -> int | None:
-    """The compaction threshold a skill states, in percent of the limit, or None when it states none."""
-    match = COMPACT_PATTERN.search(body)
-    return int(match.group(1)) if match else None
 
 
 def with_compact_percent(body: str, percent: int) -> str:

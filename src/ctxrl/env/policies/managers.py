@@ -2,9 +2,16 @@
 
 Each manager is the function named after its mode (the registry, :mod:`ctxrl.env.modes`, names the
 policy). A manager either passes the solver's task action through, or, when the latest budget readout is past
-:data:`THRESHOLD` of the limit, spends one step on one batched compaction that keeps the solver's facts
+the compaction threshold, spends one step on one batched compaction that keeps the solver's facts
 verbatim and removes the rest (never two compactions in a row, so a compaction that cannot get under the
 threshold does not loop). Compactions print nothing, so they are free edit turns.
+
+**The threshold comes from the skill.** The managers read it from the skill text in the system prompt they see,
+the sentence "Compact when the context reaches N% of the limit." (:data:`ctxrl.env.skills.COMPACT_PATTERN`),
+and use :data:`THRESHOLD` (60 %) when the skill states none, as the default skills do. So a rewritten skill
+changes what a scripted policy does, as it would change what a model does: this is what lets skill evolution
+be shown on a CPU with scripted policies. They read nothing else a model would not see. A caller may pass the
+threshold explicitly instead (:class:`ctxrl.env.policies.ScriptedPolicy` does, to add its per-episode jitter).
 
 | manager | mode | what it does |
 |---|---|---|
@@ -19,17 +26,29 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable
+from typing import Protocol
 
 from ctxrl.env.policies.view import Call, Plan, View, facts_block, render_action
+from ctxrl.env.skills import DEFAULT_COMPACT_PERCENT, compact_percent
 
-THRESHOLD = 0.6
-"""Fill (latest readout / limit) from which a manager compacts."""
+THRESHOLD = DEFAULT_COMPACT_PERCENT / 100
+"""Fill (latest readout / limit) from which a manager compacts when the skill in view states no threshold."""
 DROP_MIN_CHARS = 300
 """Results shorter than this are left alone by the tools manager: their stub (~130 characters) would save little."""
 _TURN = re.compile(r"\ATurn #(\d+)\n")
 
-Manager = Callable[[View, Plan], str]
+
+class Manager(Protocol):
+    """``manager(view, plan, threshold=None) -> action text``; ``threshold`` None: the skill's (:func:`threshold`)."""
+
+    def __call__(self, view: View, plan: Plan, threshold: float | None = None) -> str: ...
+
+
+def threshold(view: View) -> float:
+    """The compaction threshold (a fill fraction) the skill in the view's system prompt states, else
+    :data:`THRESHOLD`."""
+    percent = compact_percent(view.system)
+    return THRESHOLD if percent is None else percent / 100
 
 
 def message_handle(role: str, text: str) -> str:
@@ -37,25 +56,29 @@ def message_handle(role: str, text: str) -> str:
     return "m" + hashlib.sha256(f"{role}\n{text}".encode()).hexdigest()[:8]
 
 
-def _due(view: View) -> bool:
-    return view.fill >= THRESHOLD and not view.last_action_edited()
+def _past(view: View, limit: float | None) -> bool:
+    return view.fill >= (threshold(view) if limit is None else limit)
 
 
-def append(view: View, plan: Plan) -> str:
+def _due(view: View, limit: float | None) -> bool:
+    return _past(view, limit) and not view.last_action_edited()
+
+
+def append(view: View, plan: Plan, threshold: float | None = None) -> str:
     """The task action, nothing else."""
     return render_action(plan.calls)
 
 
-def harness(view: View, plan: Plan) -> str:
+def harness(view: View, plan: Plan, threshold: float | None = None) -> str:
     """The task action, with the facts restated in the message (the harness may spill the results)."""
     return render_action(plan.calls, prose=facts_block(plan.facts))
 
 
-def tools(view: View, plan: Plan) -> str:
+def tools(view: View, plan: Plan, threshold: float | None = None) -> str:
     """Past the threshold (and once the context tools are offered): one ``context_drop`` of every result still
     in context, named by its ``m`` handle (computed from the text the model sees), the facts written in this
     message (assistant messages are never dropped). Otherwise the task action."""
-    if _due(view) and "context_drop" in view.tools:
+    if _due(view, threshold) and "context_drop" in view.tools:
         handles = [
             message_handle("tool", item.text)
             for item in view.items
@@ -66,10 +89,10 @@ def tools(view: View, plan: Plan) -> str:
     return render_action(plan.calls)
 
 
-def usage(view: View, plan: Plan) -> str:
+def usage(view: View, plan: Plan, threshold: float | None = None) -> str:
     """When the usage block shows or the readout passes the threshold: evict the open file views and archive
     every finished turn, the facts written in this message (which stays). Otherwise the task action."""
-    if (view.signal is not None or view.fill >= THRESHOLD) and not view.last_action_edited():
+    if (view.signal is not None or _past(view, threshold)) and not view.last_action_edited():
         rounds = [
             int(m.group(1)) for item in view.items if item.role == "tool" and (m := _TURN.match(item.text))
         ]
@@ -86,10 +109,10 @@ def usage(view: View, plan: Plan) -> str:
     return render_action(plan.calls)
 
 
-def file(view: View, plan: Plan) -> str:
+def file(view: View, plan: Plan, threshold: float | None = None) -> str:
     """Past the threshold: rewrite the context file as one user note holding the facts. Otherwise the task
     action."""
-    if _due(view) and "shell" in view.tools:
+    if _due(view, threshold) and "shell" in view.tools:
         note = facts_block(plan.facts)
         command = f"cat > {view.context_file} <<'EOF'\n[[CTX_TURN 1 role=user]]\n{note}\nEOF"
         return render_action([Call("shell", {"command": command})])

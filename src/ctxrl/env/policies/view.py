@@ -1,6 +1,7 @@
 """What a scripted policy may look at: the chat messages and tool list a model would be prompted with.
 
-:func:`read_view` turns ``(messages, tools)`` into a :class:`View`: the task text, the editable region as :class:`Item` s in order, the usage block of the signal slot, the latest budget readout and the offered tool
+:func:`read_view` turns ``(messages, tools)`` into a :class:`View`: the system prompt (with the skill), the task
+text, the editable region as :class:`Item` s in order, the usage block of the signal slot, the latest budget readout and the offered tool
 names. Nothing else reaches a policy, so whatever a policy knows is in its context; if a manager drops a value
 from the context, the policy has lost it.
 
@@ -73,6 +74,8 @@ class View:
     limit: int | None = None
     context_file: str = "context.md"
     """The context file file mode mirrors the region to (named in the ``shell`` tool's description)."""
+    system: str = ""
+    """The system prompt (base instructions and the skill), without the tool list."""
 
     @property
     def fill(self) -> float:
@@ -165,7 +168,8 @@ def read_view(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str
     descriptions = " ".join(str(t.get("function", t).get("description") or "") for t in tools)
     named = _CONTEXT_FILE.search(descriptions)
     context_file = named.group(1) if named else "context.md"
-    return View(task, tuple(items), names, signal, tokens, limit, context_file)
+    system = str(messages[0].get("content") or "")
+    return View(task, tuple(items), names, signal, tokens, limit, context_file, system)
 
 
 _MESSAGE = re.compile(r"<\|im_start\|>([a-z]+)\n(.*?)<\|im_end\|>\n", re.DOTALL)

@@ -1,0 +1,226 @@
+"""``ctxrl evolve``: overnight skill evolution, resumable (see :mod:`ctxrl.evolve.loop` for one round).
+
+    ctxrl evolve --config configs/evolve_tiny.yaml --out runs/evolve            # a new run (empty --out)
+    ctxrl evolve --config configs/evolve_tiny.yaml --out runs/evolve --resume   # continue it after a crash
+    ctxrl evolve --out runs/evolve --resume evolve.rounds=6                      # extend it, stored config
+    touch runs/evolve/STOP                                                      # end it after the current batch
+
+Writes into ``--out``: ``lineage.sqlite`` (every skill, graded episode and gate decision), ``best_skill/SKILL.md``
+(always the incumbent), ``config.yaml`` (the resolved run config), ``rounds/<r>/notes.md`` (what the proposer
+read), ``report.md`` (rewritten after every round) and ``evolve.json`` (the summary with the test comparison).
+
+``--resume`` continues the run in ``--out`` (or starts one if the folder is empty or missing). Without
+``--config`` and overrides it uses the stored ``config.yaml``; with them, the config must equal the stored one
+except ``evolve.rounds``, ``rollout.workers`` and the proposer's endpoint settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from ctxrl.commands.common import (
+    build_engine,
+    prepare_out,
+    resolve_model,
+    run_config,
+    save_config,
+)
+from ctxrl.commands.config import RunConfig, load_run_config, to_dict
+from ctxrl.errors import UsageError
+
+RESUMABLE_CHANGES = (
+    "evolve.rounds",
+    "rollout.workers",
+    "evolve.proposer_url",
+    "evolve.proposer_timeout_s",
+    "evolve.proposer_retries",
+)
+"""Keys a resumed run may change (a longer night, other workers, a moved endpoint); any other change would mix
+two experiments in one lineage."""
+
+
+def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict):
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            out.update(_flat(value, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): data}
+
+
+def resume_config(args: argparse.Namespace, out: Path) -> RunConfig:
+    """The config of a resumed run: the stored one, or the given one if it differs only in resumable keys."""
+    stored = load_run_config(out / "config.yaml")
+    if args.config is None and not args.overrides:
+        return stored
+    given = run_config(args)
+    if args.config is None:  # overrides alone apply to the stored config
+        given = load_run_config(out / "config.yaml", args.overrides)
+    old, new = _flat(to_dict(stored)), _flat(to_dict(given))
+    for key in sorted(set(old) | set(new)):
+        if old.get(key) != new.get(key) and key not in RESUMABLE_CHANGES:
+            raise UsageError(
+                f"--resume: {key} was {old.get(key)!r} in {out / 'config.yaml'}, now {new.get(key)!r}; "
+                f"a resumed run may change only {', '.join(RESUMABLE_CHANGES)}"
+            )
+    return given
+
+
+def run_evolve(args: argparse.Namespace) -> int:
+    """Entry point of ``ctxrl evolve`` (see the module docstring)."""
+    out: Path = args.out
+    existing = (out / "lineage.sqlite").exists() and (out / "config.yaml").exists()
+    if args.resume and existing:
+        config = resume_config(args, out)
+    elif args.resume and out.is_dir() and any(out.iterdir()) and not existing:
+        raise UsageError(f"--resume: {out} holds no evolution run (no lineage.sqlite and config.yaml)")
+    else:
+        config = run_config(args)
+        prepare_out(out, overwrite=args.overwrite)
+    evolve_command(config, out)
+    return 0
+
+
+def _check(config: RunConfig) -> None:
+    from ctxrl.env.policies import POLICY_MODES
+
+    mode, engine = config.rollout.mode, config.engine
+    if engine.name == "scripted":
+        if engine.policy is None:
+            raise UsageError(
+                "engine.policy: evolution needs a policy that acts on the skill; give a scripted reference policy "
+                f"({', '.join(POLICY_MODES)}) or MODULE:FUNCTION"
+            )
+        if engine.policy in POLICY_MODES and POLICY_MODES[engine.policy] != mode:
+            raise UsageError(
+                f"engine.policy={engine.policy} acts in mode {POLICY_MODES[engine.policy]}, but rollout.mode={mode}"
+            )
+        if config.evolve.proposer == "self":
+            raise UsageError(
+                "evolve.proposer=self needs a model engine; a scripted policy cannot write skills"
+            )
+    elif config.evolve.policy_jitter:
+        raise UsageError(
+            "evolve.policy_jitter applies to the scripted engine only; a model samples by itself"
+        )
+
+
+def _seed_skill(config: RunConfig) -> Any:
+    from ctxrl.evolve.skill import Skill, SkillFormatError, parse_skill
+
+    path = config.evolve.seed_skill
+    if path is None:
+        return None
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"evolve.seed_skill: cannot read {path}: {exc.strerror or exc}") from None
+    if text.lstrip().startswith("---"):
+        try:
+            skill = parse_skill(text.lstrip())
+        except SkillFormatError as exc:
+            raise UsageError(f"evolve.seed_skill {path}: {exc}") from None
+    else:
+        skill = Skill(body=text.strip(), mode=config.rollout.mode, parent=None, round=0)
+    if skill.mode != config.rollout.mode or skill.parent is not None or skill.round != 0 or not skill.body:
+        raise UsageError(
+            f"evolve.seed_skill {path}: a seed skill is of mode {config.rollout.mode}, parent none, round 0"
+        )
+    return skill
+
+
+def _proposer(config: RunConfig, engine: Any, tokenizer: Any) -> Any:
+    from ctxrl.evolve.proposers import ChatProposer, OfflineProposer, OpenAIProposer, engine_complete
+    from ctxrl.train.engines.base import SamplingConfig
+
+    ev = config.evolve
+    if ev.proposer == "offline":
+        return OfflineProposer()
+    if ev.proposer == "openai":
+        assert ev.proposer_url is not None  # EvolveConfig checks it
+        return OpenAIProposer(
+            ev.proposer_url,
+            ev.proposer_model,
+            api_key=os.environ.get(ev.proposer_api_key_env) or None,
+            timeout_s=ev.proposer_timeout_s,
+            retries=ev.proposer_retries,
+            temperature=ev.proposer_temperature,
+            max_tokens=ev.proposer_max_tokens,
+        )
+    sampling = SamplingConfig(temperature=ev.proposer_temperature, max_new_tokens=ev.proposer_max_tokens)
+    return ChatProposer(engine_complete(engine, tokenizer, sampling))
+
+
+def evolve_command(config: RunConfig, out: Path) -> dict[str, Any]:
+    """Run (or resume) the evolution ``config`` describes in ``out``; return the summary."""
+    from dataclasses import replace
+
+    from ctxrl.env.policies import POLICY_MODES, make_policy
+    from ctxrl.env.tasks.registry import FAMILIES
+    from ctxrl.evolve.loop import EvolveLoop, RolloutRunner
+    from ctxrl.train.engines import make_engine
+    from ctxrl.train.engines.scripted import text_policy
+
+    _check(config)
+    seed = _seed_skill(config)
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(config, out)
+    shutil.rmtree(out / "workspaces", ignore_errors=True)  # a killed run's half-built episode folders
+    folder, tokenizer, price = resolve_model(config, out)
+    engine = config.engine
+    base = build_engine(config, folder, tokenizer)
+    engines: dict[int, Any] = {}
+
+    def engine_for(repeat: int) -> Any:
+        # a scripted reference policy with jitter draws per repeat (seed engine.seed + repeat), the same draw
+        # for every skill; any other engine serves every repeat
+        if engine.name != "scripted" or engine.policy not in POLICY_MODES or not config.evolve.policy_jitter:
+            return base
+        if repeat not in engines:
+            assert engine.policy is not None
+            policy = make_policy(engine.policy, jitter=config.evolve.policy_jitter, seed=engine.seed + repeat)
+            engines[repeat] = make_engine(
+                engine, folder, tokenizer=tokenizer, policy=text_policy(policy, tokenizer)
+            )
+        return engines[repeat]
+
+    runner = RolloutRunner(
+        engine_for,
+        tokenizer,
+        replace(config.rollout, group_size=1),
+        harness=config.harness,
+        sampling=config.sampling,
+        geometry=price,
+        workdir=out / "workspaces",
+    )
+    loop = EvolveLoop(
+        out,
+        config.evolve,
+        mode=config.rollout.mode,
+        families=list(config.tasks.families) or list(FAMILIES),
+        difficulty=config.tasks.difficulty,
+        runner=runner,
+        proposer=_proposer(config, base, tokenizer),
+        seed=seed,
+    )
+    try:
+        summary = loop.run()
+    finally:
+        loop.close()
+        base.close()
+        if (out / "workspaces").is_dir() and not any((out / "workspaces").iterdir()):
+            (out / "workspaces").rmdir()
+    saved = summary["dev_episodes_planned"] - summary["dev_episodes_run"]
+    state = "stopped by STOP" if summary["stopped"] else "done"
+    print(
+        f"evolve {state}: {summary['rounds_finished']} rounds finished; incumbent {summary['incumbent']} "
+        f"(seed {summary['seed']}); dev episodes run {summary['dev_episodes_run']} of "
+        f"{summary['dev_episodes_planned']} planned ({saved} saved by early stops)"
+    )
+    print(f"  best skill  {out / 'best_skill' / 'SKILL.md'}")
+    print(f"  report      {out / 'report.md'}")
+    return summary

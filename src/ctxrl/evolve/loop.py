@@ -1,0 +1,452 @@
+"""The overnight evolution loop: rounds of notes, proposals and the gate, resumable from the lineage store.
+
+    loop = EvolveLoop(run_dir, config.evolve, mode="file", families=[...], difficulty="easy",
+                      runner=RolloutRunner(engine_for, tokenizer, config.rollout), proposer=OfflineProposer())
+    summary = loop.run()          # rounds up to config.rounds (or a STOP file), then the test split, once
+
+One round ``r`` (:meth:`EvolveLoop.round`):
+
+1. **Train.** The incumbent runs the round's train tasks, ``train_repeats`` episodes each.
+2. **Notes.** :func:`~ctxrl.evolve.notes.build_notes` over those episodes (written to ``rounds/<r>/notes.md``).
+3. **Proposals.** The proposer writes ``proposals`` rewrites; each is validated
+   (:func:`~ctxrl.evolve.skill.validate_candidate`, a malformed one is dropped with its reason, never repaired)
+   and all are recorded in one transaction. No notes (no task whose runs contrast): nothing is proposed.
+4. **Dev.** Every candidate and the incumbent run the same dev tasks and seeds, look by look
+   (:meth:`~ctxrl.evolve.gate.CtxrlGate.looks`): at each look one rollout batch per repeat holds the incumbent's
+   and every still-undecided candidate's episodes (per-episode skills), then the gate decides what it can. A
+   candidate stopped early (futility, or accepted at a look) runs no further episodes.
+5. **Gate and lineage.** :func:`~ctxrl.evolve.gate.choose` picks among the accepted; the winner becomes the
+   incumbent and ``best_skill/SKILL.md`` (:meth:`~ctxrl.evolve.lineage.Lineage.finish_round`).
+
+**Crash safety and resume.** Every graded episode is committed to the lineage store when its batch returns
+(a batch is one look of one repeat), keyed by (skill, split, round, task, seed, repeat); a rerun skips what is
+recorded, asks the proposer nothing it already answered, and replays the gate's looks from the stored episodes,
+so a kill loses at most the batch in flight and a resumed run reaches the state of an uninterrupted one when the
+policy is deterministic per episode (the scripted policies, with or without jitter).
+
+**STOP.** A file named ``STOP`` in the run folder ends the rounds cleanly before the next batch starts (so
+after the current one); the test comparison then runs and the run can be continued with ``--resume`` after the
+file is removed.
+
+**The test split.** Read only by :meth:`EvolveLoop.final_test`, after the rounds: the final incumbent against
+the seed skill. The gate is fed only by :meth:`EvolveLoop.dev_paired`, whose split is fixed to ``dev``, and
+:meth:`EvolveLoop.run_jobs` refuses a test episode before the final phase and any task whose seed is not in
+the split it is run for.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from statistics import fmean
+from typing import Any, Protocol
+
+from ctxrl.env.config import HarnessConfig
+from ctxrl.env.tasks.base import Task
+from ctxrl.env.tasks.registry import make_task
+from ctxrl.env.tasks.splits import split_seeds
+from ctxrl.errors import CtxrlError
+from ctxrl.evolve.config import EvolveConfig
+from ctxrl.evolve.gate import GateDecision, Paired, choose, pair
+from ctxrl.evolve.lineage import Lineage, write_atomic
+from ctxrl.evolve.notes import build_notes, known_steps, render_notes
+from ctxrl.evolve.proposers import Proposer
+from ctxrl.evolve.skill import Skill, validate_candidate
+from ctxrl.rewards.cost import ModelGeometry
+from ctxrl.train.engines.base import Engine, SamplingConfig
+from ctxrl.train.rollout import RolloutConfig, rollout
+from ctxrl.train.trajectory import EpisodeRecord
+
+STOP_FILE = "STOP"
+REPORT_FILE = "report.md"
+SUMMARY_FILE = "evolve.json"
+TEST_ROUND = 0
+"""The round number test episodes are stored under: they belong to no round."""
+DEV = "dev"
+
+
+class EvolveError(CtxrlError):
+    """An evolution run cannot go on as configured (a split out of seeds, a test episode before the end)."""
+
+
+class Runner(Protocol):
+    """Runs one batch: ``tasks[i]`` with skill text ``skills[i]``, one episode each, as repeat ``repeat``;
+    returns the graded records in task order."""
+
+    def __call__(self, tasks: Sequence[Task], skills: Sequence[str], repeat: int) -> list[EpisodeRecord]: ...
+
+
+@dataclass
+class RolloutRunner:
+    """A :class:`Runner` over the rollout loop: ``engine_for(repeat)`` gives the engine of a repeat (a model
+    engine: the same one every time; a scripted policy with jitter: one seeded per repeat)."""
+
+    engine_for: Callable[[int], Engine]
+    tokenizer: Any
+    config: RolloutConfig
+    harness: HarnessConfig | None = None
+    sampling: SamplingConfig | None = None
+    geometry: ModelGeometry | None = None
+    workdir: Path | None = None
+    progress: bool = True
+
+    def __call__(self, tasks: Sequence[Task], skills: Sequence[str], repeat: int) -> list[EpisodeRecord]:
+        from tqdm import tqdm
+
+        with tqdm(
+            total=len(tasks), desc="episodes", unit="ep", leave=False, disable=not self.progress
+        ) as bar:
+            result = rollout(
+                self.engine_for(repeat),
+                self.tokenizer,
+                list(tasks),
+                replace(self.config, group_size=1),
+                workdir=self.workdir,
+                geometry=self.geometry,
+                on_step=lambda _taken, ended: bar.update(ended),
+                harness=self.harness,
+                sampling=self.sampling,
+                skills=list(skills),
+            )
+        return result.episodes
+
+
+def split_tasks(families: Sequence[str], difficulty: str, split: str, start: int, n: int) -> list[Task]:
+    """Tasks ``start`` .. ``start + n - 1`` of ``split``'s round-robin stream (one task per family per seed, the
+    order of :class:`~ctxrl.env.tasks.registry.BuiltinTaskSource`)."""
+    seeds = split_seeds(split)
+    out = []
+    for i in range(start, start + n):
+        if i // len(families) >= len(seeds):
+            raise EvolveError(
+                f"the {split} split has no task {i} ({len(seeds)} seeds per family); fewer rounds"
+            )
+        out.append(make_task(families[i % len(families)], seeds[i // len(families)], difficulty, split=split))
+    return out
+
+
+@dataclass(frozen=True)
+class Job:
+    """One episode to grade: a skill on a task of a split, as repeat ``repeat`` of ``round``."""
+
+    split: str
+    round: int
+    skill: Skill
+    task: Task
+    repeat: int
+
+
+class EvolveLoop:
+    """One evolution run in ``run_dir`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        config: EvolveConfig,
+        *,
+        mode: str,
+        families: Sequence[str],
+        difficulty: str,
+        runner: Runner,
+        proposer: Proposer,
+        seed: Skill | None = None,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.config = config
+        self.families = tuple(families)
+        self.difficulty = difficulty
+        self.runner = runner
+        self.proposer = proposer
+        self.log = log
+        self.lineage = Lineage.open(self.run_dir, mode=mode, seed=seed)
+        self.final_phase = False
+        self.batches = 0
+        """Batches run by this process (a resumed run counts only its own)."""
+
+    # ------------------------------------------------------------------ helpers
+
+    def stop_requested(self) -> bool:
+        return (self.run_dir / STOP_FILE).exists()
+
+    def tasks(self, split: str, round: int) -> list[Task]:
+        """The tasks of ``split`` in ``round`` (train and dev move on each round when ``fresh_tasks``; test is
+        always the split's first ``test_tasks``)."""
+        cfg = self.config
+        n = {"train": cfg.train_tasks, "dev": cfg.dev_tasks, "test": cfg.test_tasks}[split]
+        start = (round - 1) * n if cfg.fresh_tasks and split != "test" else 0
+        return split_tasks(self.families, self.difficulty, split, start, n)
+
+    def run_jobs(self, jobs: Sequence[Job]) -> bool:
+        """Grade the jobs not yet recorded, one batch per repeat, each recorded as its batch returns. Returns
+        False (nothing more run) when a STOP file appears before a batch, outside the final phase."""
+        for job in jobs:
+            if job.split == "test" and not self.final_phase:
+                raise EvolveError("a test-split episode was asked for before the rounds ended; the test split is "
+                                  "read only by the final comparison")  # fmt: skip
+            if job.task.split != job.split:
+                raise EvolveError(f"task {job.task.task_id} is of split {job.task.split}, not {job.split}")
+        graded: dict[tuple[str, str, int], set[tuple[str, int, int]]] = {}
+        by_repeat: dict[int, list[Job]] = {}
+        for job in jobs:
+            key = (job.skill.id, job.split, job.round)
+            if key not in graded:
+                graded[key] = self.lineage.graded(*key)
+            if (job.task.task_id, job.task.seed, job.repeat) not in graded[key]:
+                by_repeat.setdefault(job.repeat, []).append(job)
+        for repeat in sorted(by_repeat):
+            if not self.final_phase and self.stop_requested():
+                return False
+            batch = by_repeat[repeat]
+            records = self.runner([j.task for j in batch], [j.skill.body for j in batch], repeat)
+            if len(records) != len(batch):
+                raise EvolveError(f"the runner returned {len(records)} episodes for a batch of {len(batch)}")
+            for job, record in zip(batch, records):
+                if record.task_id != job.task.task_id:
+                    raise EvolveError(f"the runner returned task {record.task_id} for {job.task.task_id}")
+                self.lineage.record_episode(
+                    job.skill.id, job.split, job.round, repeat=job.repeat, record=record
+                )
+            self.batches += 1
+        return True
+
+    def dev_paired(self, candidate: Skill, incumbent: Skill, round: int, order: Sequence[str]) -> Paired:
+        """The gate's input: per-task dev scores and costs of the two skills on ``order``. The split is fixed:
+        no gate ever reads another."""
+        cs, cc = self.lineage.scores(candidate.id, DEV, round, order)
+        is_, ic = self.lineage.scores(incumbent.id, DEV, round, order)
+        return pair(cs, is_, cc, ic, order=order)
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> dict[str, Any]:
+        """Rounds up to ``config.rounds`` (finished ones skipped, a begun one resumed), then the test
+        comparison; returns the summary (also ``evolve.json``; ``report.md`` is rewritten as it goes)."""
+        stopped = False
+        for r in range(1, self.config.rounds + 1):
+            if self.lineage.round_finished(r):
+                continue
+            if self.stop_requested() or not self.round(r):
+                stopped = True
+                self.log(f"STOP file found: rounds end here (round {r} unfinished); the test comparison runs")
+                break
+            self.write_report()
+        final = self.final_test()
+        summary = self.summary(stopped=stopped, final=final)
+        write_atomic(self.run_dir / SUMMARY_FILE, json.dumps(summary, indent=1, sort_keys=True) + "\n")
+        self.write_report(summary)
+        return summary
+
+    def round(self, r: int) -> bool:
+        """Run (or resume) round ``r``; False if a STOP file ended it early."""
+        cfg, lin, gate = self.config, self.lineage, self.config.gate
+        lin.begin_round(r)
+        inc = lin.incumbent()
+        # 1. the incumbent on the train tasks
+        train = self.tasks("train", r)
+        jobs = [Job("train", r, inc, t, rep) for rep in range(cfg.train_repeats) for t in train]
+        if not self.run_jobs(jobs):
+            return False
+        # 2-3. contrastive notes -> proposals -> validation, recorded once
+        if not lin.proposed(r):
+            episodes = lin.episodes(inc.id, "train", r)
+            notes = build_notes(episodes, max_notes=cfg.max_notes)
+            folder = self.run_dir / "rounds" / str(r)
+            write_atomic(folder / "notes.md", render_notes(notes) + "\n" if notes else "(no contrast)\n")
+            texts = (
+                self.proposer.propose(inc, notes, cfg.proposals, round=r)[: cfg.proposals] if notes else []
+            )
+            steps = known_steps(notes)
+            outcomes = [
+                validate_candidate(t, incumbent=inc, round=r, known_steps=steps, max_chars=cfg.max_chars)
+                for t in texts
+            ]
+            lin.record_proposals(r, outcomes)
+            solved = sum(e.success for e in episodes)
+            self.log(
+                f"round {r}: incumbent {inc.id} solved {solved}/{len(episodes)} train episodes; "
+                f"{len(notes)} notes; {len(texts)} proposed, {len(lin.dropped(r))} dropped"
+            )
+        # 4. candidates and incumbent on the same dev tasks and seeds, look by look
+        pending = lin.candidates(round=r, status="pending")
+        ks = {c.skill.id: lin.gate_index(c.skill.id) for c in pending}  # slot order: the same after a resume
+        dev = self.tasks(DEV, r)
+        order = [t.task_id for t in dev]
+        live = [c.skill for c in pending]
+        for n in gate.looks(len(dev)):
+            if not live:
+                break
+            jobs = [
+                Job(DEV, r, skill, task, rep)
+                for rep in range(cfg.repeats)
+                for skill in (inc, *live)
+                for task in dev[:n]
+            ]
+            if not self.run_jobs(jobs):
+                return False
+            still = []
+            for cand in live:
+                decision = gate.decide(
+                    self.dev_paired(cand, inc, r, order[:n]),
+                    k=ks[cand.id],
+                    n_planned=len(dev),
+                    repeats=cfg.repeats,
+                )
+                if decision is None:
+                    still.append(cand)
+                    continue
+                lin.decide(cand.id, decision)
+                self.log(f"round {r}: candidate {cand.id} {_describe(decision)}")
+            live = still
+        # 5. the winner, if any, becomes the incumbent
+        accepted = lin.candidates(round=r, status="accepted")
+        winner = None
+        if accepted:
+            decisions = [GateDecision(**a.decision) for a in accepted if a.decision is not None]
+            winner = accepted[choose(decisions)].skill.id
+        lin.finish_round(r, winner)
+        self.log(f"round {r}: " + (f"{winner} is the new incumbent" if winner else f"{inc.id} stays"))
+        return True
+
+    def final_test(self) -> dict[str, Any]:
+        """The final incumbent and the seed skill on the test split's first ``test_tasks`` (the only reader
+        of the test split)."""
+        self.final_phase = True
+        lin, cfg = self.lineage, self.config
+        seed, final = lin.seed(), lin.incumbent()
+        tasks = self.tasks("test", TEST_ROUND)
+        skills = [seed] if final.id == seed.id else [seed, final]
+        jobs = [
+            Job("test", TEST_ROUND, s, t, rep) for rep in range(cfg.repeats) for s in skills for t in tasks
+        ]
+        self.run_jobs(jobs)
+        order = [t.task_id for t in tasks]
+        out: dict[str, Any] = {"tasks": len(tasks), "repeats": cfg.repeats}
+        for name, skill in (("seed", seed), ("final", final)):
+            episodes = lin.episodes(skill.id, "test", TEST_ROUND)
+            p = fmean(e.success for e in episodes)
+            out[name] = {
+                "skill": skill.id,
+                "success": p,
+                "success_se": math.sqrt(p * (1 - p) / len(episodes)),
+                "score": fmean(e.score for e in episodes),
+                "cost_tokens": fmean(e.cost_tokens for e in episodes),
+            }
+        fs, fc = lin.scores(final.id, "test", TEST_ROUND, order)
+        ss, sc = lin.scores(seed.id, "test", TEST_ROUND, order)
+        out["d_score"] = fmean(pair(fs, ss, fc, sc, order=order).diffs)
+        self.log(
+            f"test ({len(tasks)} tasks x {cfg.repeats}): seed {seed.id} solved {out['seed']['success']:.1%} "
+            f"(score {out['seed']['score']:.3f}), final {final.id} {out['final']['success']:.1%} "
+            f"(score {out['final']['score']:.3f}); cost {out['seed']['cost_tokens']:.0f} -> "
+            f"{out['final']['cost_tokens']:.0f} tokens/episode"
+        )
+        return out
+
+    # ------------------------------------------------------------------ reporting
+
+    def round_rows(self) -> list[dict[str, Any]]:
+        """Per round: incumbent, candidates with their decisions, dev episodes run and planned."""
+        lin, cfg = self.lineage, self.config
+        rows = []
+        for r in range(1, lin.current_round() + 1):
+            cands = lin.candidates(round=r)
+            inc_id = lin.round_incumbent(r) or lin.incumbent().id
+            run = len(lin.graded(inc_id, DEV, r)) + sum(len(lin.graded(c.skill.id, DEV, r)) for c in cands)
+            planned = (1 + len(cands)) * cfg.dev_tasks * cfg.repeats if cands else 0
+            rows.append(
+                {
+                    "round": r,
+                    "incumbent": inc_id,
+                    "finished": lin.round_finished(r),
+                    "candidates": [
+                        {
+                            "skill": c.skill.id,
+                            "status": c.status,
+                            "predicts": c.skill.predicts,
+                            "decision": c.decision,
+                        }
+                        for c in cands
+                    ],
+                    "dropped": [reason for _, _, reason in lin.dropped(r)],
+                    "dev_episodes_run": run,
+                    "dev_episodes_planned": planned,
+                }
+            )
+        return rows
+
+    def summary(self, *, stopped: bool, final: dict[str, Any]) -> dict[str, Any]:
+        rows = self.round_rows()
+        return {
+            "stopped": stopped,
+            "rounds_finished": sum(r["finished"] for r in rows),
+            "seed": self.lineage.seed().id,
+            "incumbent": self.lineage.incumbent().id,
+            "rounds": rows,
+            "dev_episodes_run": sum(r["dev_episodes_run"] for r in rows),
+            "dev_episodes_planned": sum(r["dev_episodes_planned"] for r in rows),
+            "episodes": self.lineage.episode_count(),
+            "test": final,
+        }
+
+    def write_report(self, summary: dict[str, Any] | None = None) -> None:
+        """``report.md``: rounds, every candidate's decision, dev episodes saved, the test comparison."""
+        rows = summary["rounds"] if summary else self.round_rows()
+        lines = [
+            "# ctxrl evolve",
+            "",
+            f"Incumbent: `{self.lineage.incumbent().id}` (seed `{self.lineage.seed().id}`).",
+            "",
+            "| round | incumbent | candidate | predicts | decision | dev tasks run | d (score) | p (superior) | alpha_k |",
+            "|---:|---|---|---|---|---:|---:|---:|---:|",
+        ]
+        for row in rows:
+            if not row["candidates"]:
+                lines.append(f"| {row['round']} | `{row['incumbent']}` | (none) | | | | | | |")
+            for c in row["candidates"]:
+                d = c["decision"] or {}
+                p = d.get("p_superior")
+                lines.append(
+                    f"| {row['round']} | `{row['incumbent']}` | `{c['skill']}` | {c['predicts'][:60]} | "
+                    f"{c['status']} ({d.get('branch', '-')}) | {d.get('n_tasks', '-')}/{d.get('n_planned', '-')} | "
+                    f"{d.get('d', float('nan')):+.3f} | {'-' if p is None else f'{p:.4f}'} | "
+                    f"{d.get('alpha_k', float('nan')):.4f} |"
+                )
+        run = sum(r["dev_episodes_run"] for r in rows)
+        planned = sum(r["dev_episodes_planned"] for r in rows)
+        lines += ["", f"Dev episodes run {run} of {planned} planned (saved by early stops: {planned - run})."]
+        if summary and summary.get("test"):
+            t = summary["test"]
+            lines += [
+                "",
+                f"Test split ({t['tasks']} tasks x {t['repeats']}), read once after the rounds:",
+                "",
+                "| skill | success | score | cost tokens/ep |",
+                "|---|---:|---:|---:|",
+                *(
+                    f"| {name} `{t[name]['skill']}` | {t[name]['success']:.3f} ± {t[name]['success_se']:.3f} | "
+                    f"{t[name]['score']:.3f} | {t[name]['cost_tokens']:,.0f} |"
+                    for name in ("seed", "final")
+                ),
+            ]
+        write_atomic(self.run_dir / REPORT_FILE, "\n".join(lines) + "\n")
+
+    def close(self) -> None:
+        self.lineage.close()
+
+
+def _describe(decision: GateDecision) -> str:
+    verdict = "accepted" if decision.accept else "rejected"
+    p = (
+        ""
+        if decision.p_superior is None
+        else f", p {decision.p_superior:.4f} vs alpha_k {decision.alpha_k:.4f}"
+    )
+    return (
+        f"{verdict} ({decision.branch}) after {decision.n_tasks}/{decision.n_planned} dev tasks: "
+        f"d {decision.d:+.3f}{p}, cost {decision.cost_incumbent:.0f} -> {decision.cost_candidate:.0f}, "
+        f"{decision.episodes_saved} episodes saved"
+    )
