@@ -6,6 +6,7 @@
     ctxrl rollout --config configs/rollout.yaml [KEY=VALUE ...] --out runs/r1
     ctxrl eval --config configs/eval_scripted.yaml [KEY=VALUE ...] --out runs/eval
     ctxrl bench NAME [--json FILE]
+    ctxrl export --run runs/X [--step N] --out DIR [--adapter-only]
 
 This module parses and dispatches; every subcommand's implementation lives in :mod:`ctxrl.commands`.
 Start-up must stay instant: this module imports only the standard library. Each subcommand names the
@@ -139,6 +140,19 @@ def _add_report(sub: argparse._SubParsersAction[Any]) -> None:
     p.set_defaults(run="ctxrl.commands.report:run_report")
 
 
+def _add_export(sub: argparse._SubParsersAction[Any]) -> None:
+    p = sub.add_parser(
+        "export", help="export a run's checkpoint as a serving-ready model folder, verified in vLLM"
+    )
+    p.add_argument("--run", dest="run_dir", required=True, type=Path, help="run folder with checkpoints/ (from training)")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    p.add_argument("--out", required=True, type=Path, help="export folder (must be new or empty)")
+    p.add_argument(
+        "--adapter-only", action="store_true", help="write only the LoRA adapter and the tokenizer"
+    )
+    p.set_defaults(run="ctxrl.commands.export:run_export")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="ctxrl", description="Train and evolve LLM agents that manage their own context window."
@@ -152,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_rollout(sub)
     _add_bench(sub)
     _add_report(sub)
+    _add_export(sub)
     return parser
 
 
