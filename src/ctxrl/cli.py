@@ -144,7 +144,9 @@ def _add_export(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "export", help="export a run's checkpoint as a serving-ready model folder, verified in vLLM"
     )
-    p.add_argument("--run", dest="run_dir", required=True, type=Path, help="run folder with checkpoints/ (from training)")
+    p.add_argument(
+        "--run", dest="run_dir", required=True, type=Path, help="run folder with checkpoints/ (from training)"
+    )
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     p.add_argument("--out", required=True, type=Path, help="export folder (must be new or empty)")
     p.add_argument(

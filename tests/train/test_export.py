@@ -6,6 +6,7 @@ exported folder served by vLLM's OpenAI-compatible server, called with the real 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -128,9 +129,14 @@ def test_lora_export_merges_and_matches_the_checkpoint(
     assert meta["step"] == 3 and meta["kind"] == "merged-lora" and meta["lora"]["r"] == 4
     assert meta["skill_source"] == "best_skill/SKILL.md" and "README.md" in meta["files"]
     assert not list(out.parent.glob(".lora.partial-*"))  # the temporary folder was renamed away
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {p.stat().st_mode & 0o777 for p in out.iterdir()} == {0o666 & ~umask}  # as any file, none private
 
 
-def test_full_model_export_of_an_earlier_step(tmp_path: Path, tiny_model_dir: Path, tiny_tokenizer: Any) -> None:
+def test_full_model_export_of_an_earlier_step(
+    tmp_path: Path, tiny_model_dir: Path, tiny_tokenizer: Any
+) -> None:
     from transformers import AutoModelForCausalLM
 
     run = make_run(tmp_path / "run", tiny_model_dir, lora=False, steps=(1, 2), skill=False)
@@ -207,9 +213,9 @@ def test_verification_catches_weights_that_are_not_the_trained_ones(
     reference = load_training_model(ckpt)
     good = verify_export(
         lora_export, ckpt, engine=make_engine(EngineConfig(name="hf"), lora_export), model=reference,
-        num_prompts=2, max_new_tokens=8,
+        num_prompts=1, max_new_tokens=6,
     )  # fmt: skip
-    assert good.engine == "hf" and good.prompts == 2 and good.generated_tokens == 16
+    assert good.engine == "hf" and good.prompts == 1 and good.generated_tokens == 6
     assert good.max_logprob_diff < 1e-4 and min(good.prompt_tokens) > 500  # real first prompts of episodes
 
     bad = tmp_path / "bad"
@@ -228,9 +234,7 @@ def test_verification_catches_weights_that_are_not_the_trained_ones(
 
 
 @pytest.fixture(scope="module")
-def verified_export(
-    lora_run: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Path, str]]:
+def verified_export(lora_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
     """``ctxrl export`` itself: written, verified by the in-process vLLM engine, commands printed."""
     import contextlib
     import io
@@ -260,7 +264,7 @@ def test_export_command_verifies_in_vllm_and_prints_the_serve_commands(
     meta = json.loads((out / "ctxrl_export.json").read_text())
     v = meta["verification"]
     assert v["engine"] == "vllm" and v["prompts"] == 3 and v["generated_tokens"] == 3 * 24
-    assert 0 <= v["max_logprob_diff"] < 5e-3
+    assert 0 <= v["max_logprob_diff"] < 1e-4  # fp32 on both sides: measured 2e-6 on the tiny model
     assert "verified with vllm" in printed and "max |logprob diff|" in printed
     assert f"python -m vllm.entrypoints.openai.api_server --model {out}" in printed
     assert "--enable-prefix-caching --enable-prompt-tokens-details" in printed
@@ -285,14 +289,16 @@ def test_openai_client_multi_turn_chat_against_the_served_export(
     ]
     for turn in range(3):
         reply = client.chat.completions.create(
-            model=model, messages=messages, max_tokens=12, temperature=0.0  # type: ignore[arg-type]
+            model=model,
+            messages=messages,
+            max_tokens=12,
+            temperature=0.0,  # type: ignore[arg-type]
         )
         usage = reply.usage
         assert usage is not None and usage.completion_tokens > 0
         # the server renders with the exported chat template: same prompt length as the tokenizer's
-        expected = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        expected = expected["input_ids"] if isinstance(expected, dict) else expected
-        assert usage.prompt_tokens == len(expected)
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        assert usage.prompt_tokens == len(tokenizer.encode(text, add_special_tokens=False))
         if turn > 0:  # the skill prefix is served from the prefix cache
             details = usage.prompt_tokens_details
             assert details is not None and (details.cached_tokens or 0) >= 128

@@ -41,6 +41,7 @@ An adapter-only export is checked in transformers (base + the written adapter ag
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -153,9 +154,11 @@ def find_checkpoint(run: Path, step: int | None = None) -> RunCheckpoint:
     if not (folder / "model").is_dir():
         raise UsageError(f"checkpoint {folder} has no model/ folder; it is incomplete")
     state = _json(folder / "state.json")
-    config = state.get("config") if isinstance(state.get("config"), dict) else {}
+    config: dict[str, Any] = state["config"] if isinstance(state.get("config"), dict) else {}
     adapter = (folder / "model" / ADAPTER_CONFIG).is_file()
-    adapter_base = _json(folder / "model" / ADAPTER_CONFIG).get("base_model_name_or_path") if adapter else None
+    adapter_base = (
+        _json(folder / "model" / ADAPTER_CONFIG).get("base_model_name_or_path") if adapter else None
+    )
     base = _base_model(run, [config.get("model"), _run_config(run).get("model"), adapter_base])
     dtype = str(config.get("dtype") or "float32")
     return RunCheckpoint(run=run, step=step, folder=folder, base_model=base, adapter=adapter, dtype=dtype)
@@ -226,7 +229,7 @@ def load_training_model(ckpt: RunCheckpoint) -> Any:
     dtype = getattr(torch, ckpt.dtype, torch.float32)
     source = ckpt.base_model if ckpt.adapter else ckpt.model_dir
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+        model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
         if ckpt.adapter:
             from peft import PeftModel
 
@@ -295,6 +298,8 @@ def export_run(
                 )
         if not adapter_only:
             (tmp / "README.md").write_text(model_card(result), encoding="utf-8")
+        for path in tmp.iterdir():  # some writers use private temporary files; the export is for reading
+            path.chmod(0o666 & ~umask)
         result.files = sorted([*(p.name for p in tmp.iterdir()), EXPORT_META])
         (tmp / EXPORT_META).write_text(json.dumps(_metadata(result), indent=2) + "\n", encoding="utf-8")
         _check_out(out)  # nothing appeared there meanwhile
@@ -327,10 +332,9 @@ def _write_merged(ckpt: RunCheckpoint, into: Path, max_shard_size: str | int) ->
     model = load_training_model(ckpt)
     if ckpt.adapter:
         model = model.merge_and_unload()
-    try:
+    # the base's generation config (stop ids, greedy default); without one, keep what the model carries
+    with contextlib.suppress(OSError):
         model.generation_config = GenerationConfig.from_pretrained(ckpt.base_model)
-    except OSError:
-        pass  # the base has no generation_config.json: keep the one the model carries
     # a merged model remembers where its base came from; the folder is its own model now
     model.config._name_or_path = ""
     model.save_pretrained(into, max_shard_size=max_shard_size, safe_serialization=True)
@@ -421,12 +425,14 @@ def serve_command(folder: Path, *, port: int = 8000, max_model_len: int = 8192) 
     )
 
 
-def rollout_command(folder: Path, *, port: int = 8000) -> str:
-    """The ``ctxrl rollout`` command that runs the exported policy, in its harness, against that server."""
+def rollout_command(folder: Path, *, port: int = 8000, name: str | None = None) -> str:
+    """The ``ctxrl rollout`` command that runs the exported policy, in its harness, against that server
+    (into ``runs/NAME-rollout``; NAME defaults to the folder's name)."""
     q = shlex.quote(str(folder))
+    out = shlex.quote(f"runs/{name or folder.resolve().name}-rollout")
     return (
         f"ctxrl rollout --config {shlex.quote(str(folder / HARNESS_FILE))} engine.name=vllm-server "
-        f"engine.server_url=http://127.0.0.1:{port} --model {q} --out runs/{folder.name}-rollout"
+        f"engine.server_url=http://127.0.0.1:{port} --model {q} --out {out}"
     )
 
 
@@ -458,9 +464,12 @@ def model_card(result: ExportResult) -> str:
         "",
         "## Serve",
         "",
+        "From this folder: vLLM's OpenAI-compatible server with prefix caching, then ctxrl's rollout loop "
+        "in the harness the policy was trained under.",
+        "",
         "```bash",
         serve_command(Path(".")),
-        rollout_command(Path(".")),
+        rollout_command(Path("."), name=result.out.name),
         "```",
         "",
         "## Eval",
@@ -470,7 +479,9 @@ def model_card(result: ExportResult) -> str:
     if table.is_file():
         text = table.read_text(encoding="utf-8").strip().splitlines()
         body = [ln for ln in text if not ln.startswith("# ")]  # its own title would outrank this page's
-        lines += [ln.replace("\t", " ") for ln in body]
+        while body and not body[0].strip():
+            body.pop(0)
+        lines += body
     else:
         lines.append(f"The run has no `{EVAL_TABLE}` (run `ctxrl eval --out {ckpt.run}/eval` to add one).")
     v = result.verification
@@ -505,17 +516,28 @@ def heldout_prompts(ckpt: RunCheckpoint, folder: Path, count: int, max_len: int)
     harness = load_config(HarnessConfig, sections.get("harness") or {})
     rollout = load_config(RolloutConfig, sections.get("rollout") or {})
     tasks_cfg = _run_config(ckpt.run).get("tasks") or {}
-    families = tuple(tasks_cfg.get("families") or ()) or None
+    trained = _json(ckpt.folder / "state.json").get("config") or {}
+    # a RunConfig's tasks section, else a TrainConfig's family and difficulty, else every family
+    family = trained.get("family") if isinstance(trained, dict) else None
+    families = tuple(tasks_cfg.get("families") or ([family] if family else [])) or None
+    difficulty = tasks_cfg.get("difficulty") or (
+        trained.get("difficulty") if isinstance(trained, dict) else None
+    )
     builder = PromptBuilder(_load_tokenizer(folder))
     prompts: list[list[int]] = []
     with tempfile.TemporaryDirectory(prefix="ctxrl-export-") as tmp:
-        source = BuiltinTaskSource(families, tasks_cfg.get("difficulty") or "default")
+        source = BuiltinTaskSource(families, difficulty or "default")
         for i, task in enumerate(source.tasks("dev", 4 * count)):
             config = episode_config(
                 task, builder.count, harness, task_budget=rollout.task_budget, max_steps=rollout.max_steps
             )
             episode = TaskEpisode(
-                task, rollout.mode, builder, workspace=Path(tmp) / f"ep{i}", config=config, skill=rollout.skill
+                task,
+                rollout.mode,
+                builder,
+                workspace=Path(tmp) / f"ep{i}",
+                config=config,
+                skill=rollout.skill,
             )
             try:
                 episode.reset()
@@ -590,7 +612,9 @@ def verify_export(
     )
 
 
-def _reference_logprobs(model: Any, prompt: Sequence[int], generated: Sequence[int]) -> tuple[list[float], list[float]]:
+def _reference_logprobs(
+    model: Any, prompt: Sequence[int], generated: Sequence[int]
+) -> tuple[list[float], list[float]]:
     """Per generated token: the model's logprob of it, and the largest logprob at that position."""
     import torch
 
@@ -629,5 +653,7 @@ def verify_adapter(folder: Path, ckpt: RunCheckpoint, *, num_prompts: int = 3) -
             b = torch.log_softmax(exported(input_ids=ids).logits.float(), dim=-1)
         worst = max(worst, float((a - b).abs().max()))
     if worst > 1e-5:
-        raise ExportMismatchError(f"the exported adapter's logprobs differ from the checkpoint's by {worst:.2e}")
+        raise ExportMismatchError(
+            f"the exported adapter's logprobs differ from the checkpoint's by {worst:.2e}"
+        )
     return Verification("transformers+peft", len(texts), lengths, 0, worst, 0, 1e-5)
