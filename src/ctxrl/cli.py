@@ -7,6 +7,7 @@
     ctxrl eval --config configs/eval_scripted.yaml [KEY=VALUE ...] --out runs/eval
     ctxrl bench NAME [--json FILE]
     ctxrl evolve --config configs/evolve_tiny.yaml [KEY=VALUE ...] --out runs/evolve [--resume]
+    ctxrl export --run runs/X [--step N] --out DIR [--adapter-only]
 
 This module parses and dispatches; every subcommand's implementation lives in :mod:`ctxrl.commands`.
 Start-up must stay instant: this module imports only the standard library. Each subcommand names the
@@ -150,6 +151,19 @@ def _add_evolve(sub: argparse._SubParsersAction[Any]) -> None:
         "--resume", action="store_true", help="continue the run in --out (start it if --out is empty)"
     )
     p.set_defaults(run="ctxrl.commands.evolve:run_evolve")
+def _add_export(sub: argparse._SubParsersAction[Any]) -> None:
+    p = sub.add_parser(
+        "export", help="export a run's checkpoint as a serving-ready model folder, verified in vLLM"
+    )
+    p.add_argument(
+        "--run", dest="run_dir", required=True, type=Path, help="run folder with checkpoints/ (from training)"
+    )
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    p.add_argument("--out", required=True, type=Path, help="export folder (must be new or empty)")
+    p.add_argument(
+        "--adapter-only", action="store_true", help="write only the LoRA adapter and the tokenizer"
+    )
+    p.set_defaults(run="ctxrl.commands.export:run_export")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -166,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(sub)
     _add_report(sub)
     _add_evolve(sub)
+    _add_export(sub)
     return parser
 
 
