@@ -400,3 +400,35 @@ def test_report_renders_every_plot_in_headless_chromium(run_folder: Path, tmp_pa
         assert image.size == (1280, height)
         colours = image.convert("RGB").getcolors(maxcolors=1 << 20)
     assert colours is not None and len(colours) > 50  # plots, not a blank page
+
+
+def test_the_report_reads_the_evolution_loops_lineage_store(tmp_path: Path) -> None:
+    """``ctxrl evolve`` writes ``lineage.sqlite``: a candidate's score and cost are its dev episodes' means."""
+    import sqlite3
+
+    from ctxrl.evolve.lineage import Lineage
+    from ctxrl.train.report import load_candidates
+
+    lineage = Lineage.open(tmp_path, mode="file")
+    seed = lineage.incumbent().id
+    con = sqlite3.connect(tmp_path / "lineage.sqlite")
+    con.execute(
+        "INSERT INTO candidates (id, parent, round, slot, mode, text, status, decision, created) "
+        "VALUES ('cand1', ?, 1, 0, 'file', 'x', 'decided', 'accept', 0)",
+        (seed,),
+    )
+    for skill, split, task, score, cost in [
+        ("cand1", "dev", "t1", 1.0, 100.0),
+        ("cand1", "dev", "t2", 0.0, 300.0),
+        ("cand1", "test", "t3", 0.0, 900.0),  # the test split never counts here
+    ]:
+        con.execute(
+            "INSERT INTO episodes VALUES (?, ?, 1, ?, 0, 0, ?, ?, ?, 'submit', '{}', 0)",
+            (skill, split, task, int(score), score, cost),
+        )
+    con.commit()
+    con.close()
+    candidates, why = load_candidates(tmp_path / "lineage.sqlite")
+    assert why is None and candidates is not None
+    [cand] = [c for c in candidates if c.id == "cand1"]
+    assert (cand.parent, cand.round, cand.score, cand.cost, cand.decision) == (seed, 1, 0.5, 200.0, "accept")

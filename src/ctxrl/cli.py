@@ -151,6 +151,8 @@ def _add_evolve(sub: argparse._SubParsersAction[Any]) -> None:
         "--resume", action="store_true", help="continue the run in --out (start it if --out is empty)"
     )
     p.set_defaults(run="ctxrl.commands.evolve:run_evolve")
+
+
 def _add_export(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "export", help="export a run's checkpoint as a serving-ready model folder, verified in vLLM"

@@ -63,6 +63,8 @@ TRAJECTORIES = "trajectories.jsonl"
 METRICS = "metrics.jsonl"
 EVAL_FILES = ("eval/eval.json", "eval.json")
 EVOLVE_DB = "evolve.sqlite"
+EVOLVE_DBS = ("lineage.sqlite", EVOLVE_DB)
+"""Evolution databases the report reads: the loop's lineage store first (``ctxrl evolve``)."""
 P = ParamSpec("P")
 R = TypeVar("R")
 CANDIDATE_COLUMNS = ("id", "parent", "round", "score", "cost", "decision")
@@ -292,12 +294,22 @@ def load_candidates(path: str | Path) -> tuple[list[Candidate] | None, str | Non
         columns = {row[1] for row in info}
         if not info:
             return None, f"{path.name} has no table 'candidates'"
-        missing = [c for c in CANDIDATE_COLUMNS if c not in columns]
-        if missing:
-            return None, f"{path.name}: table 'candidates' lacks column(s) {', '.join(missing)}"
-        rows = con.execute(
-            'SELECT "id", "parent", "round", "score", "cost", "decision" FROM candidates ORDER BY "round", rowid'
-        ).fetchall()
+        if "score" not in columns and {"id", "parent", "round", "status"} <= columns:
+            # the evolution loop's lineage store: a candidate's score and cost are its dev episodes' means
+            rows = con.execute(
+                'SELECT c."id", c."parent", c."round", AVG(e."score"), AVG(e."cost"), '
+                'COALESCE(c."decision", c."status") FROM candidates c LEFT JOIN episodes e '
+                'ON e."skill" = c."id" AND e."split" = \'dev\' AND e."round" = c."round" '
+                'GROUP BY c."id" ORDER BY c."round", c.rowid'
+            ).fetchall()
+        else:
+            missing = [c for c in CANDIDATE_COLUMNS if c not in columns]
+            if missing:
+                return None, f"{path.name}: table 'candidates' lacks column(s) {', '.join(missing)}"
+            rows = con.execute(
+                'SELECT "id", "parent", "round", "score", "cost", "decision" FROM candidates '
+                'ORDER BY "round", rowid'
+            ).fetchall()
     except sqlite3.Error as exc:
         return None, f"{path.name}: cannot read it ({exc})"
     finally:
@@ -344,13 +356,14 @@ def read_run(folder: str | Path) -> RunData:
             run.eval_path = folder / name
             run.eval = load_eval(folder / name)
             break
-    if (folder / EVOLVE_DB).is_file():
+    if any((folder / name).is_file() for name in EVOLVE_DBS):
         found = True
-        run.candidates, why = load_candidates(folder / EVOLVE_DB)
+        db = next((folder / name for name in EVOLVE_DBS if (folder / name).is_file()), folder / EVOLVE_DB)
+        run.candidates, why = load_candidates(db)
         if why:
             run.notes.append(f"Evolution section skipped: {why}.")
     if not found:
-        wanted = ", ".join([TRAJECTORIES, METRICS, EVAL_FILES[0], EVOLVE_DB])
+        wanted = ", ".join([TRAJECTORIES, METRICS, EVAL_FILES[0], *EVOLVE_DBS])
         raise UsageError(f"{folder}: nothing to report; expected at least one of {wanted}")
     return run
 
