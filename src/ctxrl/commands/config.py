@@ -27,6 +27,7 @@ from ctxrl.env.tasks.registry import DIFFICULTIES, FAMILIES
 from ctxrl.env.tasks.splits import SPLIT_RANGES
 from ctxrl.errors import ConfigError
 from ctxrl.rewards.advantages import AdvantageConfig
+from ctxrl.train.config import TrainConfig
 from ctxrl.train.engines.base import EngineConfig, SamplingConfig
 from ctxrl.train.rollout import RolloutConfig
 
@@ -98,6 +99,7 @@ class RunConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     advantages: AdvantageConfig = field(default_factory=AdvantageConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
 
 
 def load_run_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> RunConfig:
