@@ -131,7 +131,9 @@ def _add_train(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("train", help="stepwise GRPO on built-in tasks (metrics.jsonl, checkpoints)")
     _add_run_config(p)
     _add_out(p, "runs/train")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    p.add_argument(
+        "--resume", action="store_true", help="continue the run in --out from its latest checkpoint"
+    )
     p.set_defaults(run="ctxrl.commands.train:run_train")
 
 

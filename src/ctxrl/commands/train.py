@@ -30,9 +30,7 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def train_command(
-    config: RunConfig, out: Path, *, overwrite: bool = False, resume: bool = False
-) -> Any:
+def train_command(config: RunConfig, out: Path, *, overwrite: bool = False, resume: bool = False) -> Any:
     """Train as ``config`` says into the run folder ``out``; returns the :class:`TrainResult`.
 
     Under ``accelerate launch`` the main rank prepares the folder (and builds the tiny model) while the
@@ -41,9 +39,9 @@ def train_command(
     from ctxrl.train.grpo import TaskBatches, check_setup, make_accelerator, train
 
     check_setup(config.train, config.rollout, config.tasks.count)
-    if config.engine.name == "vllm-server" and config.engine.server_url is not None:
+    if config.engine.name == "scripted" or config.engine.server_url is not None:
         raise UsageError(
-            "engine.server_url: training needs an engine it can push weights to; use engine.name=vllm or hf"
+            "training needs an engine that samples from the trained weights; set engine.name=vllm or hf"
         )
     if resume and overwrite:
         raise UsageError("--resume continues the run in --out; --overwrite would erase it: pass one of them")
@@ -57,8 +55,7 @@ def train_command(
         resolve_model(config, out)  # builds the tiny model once, before the other ranks look for it
     acc.wait_for_everyone()
     folder, tokenizer, _ = resolve_model(config, out)
-    if folder is None:
-        raise UsageError("engine.name=scripted has no weights to train: set model=DIR (or a registry name)")
+    assert folder is not None  # only a scripted engine runs without a model folder
     engine_config = replace(config.engine, seed=config.engine.seed + acc.process_index)
     engine = build_engine(replace(config, engine=engine_config), folder, tokenizer)
     tc = config.tasks

@@ -153,7 +153,7 @@ def train(
     """Run GRPO for ``config.steps`` steps into the run folder ``out`` (from its latest checkpoint with
     ``resume``).
 
-    The policy is loaded from ``model_dir``; ``engine`` (built on the same weights, or scripted) rolls out
+    The policy is loaded from ``model_dir``; ``engine`` (built on the same weights) rolls out
     and receives the weights after every update; the caller closes it. ``tokenizer`` is the policy's.
     ``run_config`` (plain data) goes to the tracker. Raises :class:`ConfigError` on settings that do not fit
     together and :class:`UsageError` on a folder that holds checkpoints without ``resume`` (or none with it).
@@ -163,7 +163,9 @@ def train(
     rank, world = acc.process_index, acc.num_processes
     out = Path(out)
     if not resume and acc.is_main_process and (out / CHECKPOINTS).exists():
-        raise UsageError(f"{out} already holds checkpoints; resume the run (--resume) or choose another --out")
+        raise UsageError(
+            f"{out} already holds checkpoints; resume the run (--resume) or choose another --out"
+        )
     out.mkdir(parents=True, exist_ok=True)
     seed_everything(config.seed + rank)
 
@@ -251,11 +253,7 @@ def train(
                         tensors.get("attention_mask"),
                         with_entropy=True,
                     )
-                    ref = (
-                        _reference_logprobs(policy, reference, tensors)
-                        if config.kl_coef > 0
-                        else None
-                    )
+                    ref = _reference_logprobs(policy, reference, tensors) if config.kl_coef > 0 else None
                     out_i = policy_loss(
                         logprobs,
                         None if olds is None else olds[u][i] if i < len(olds[u]) else None,
@@ -370,7 +368,9 @@ def _progress(total: int, initial: int, *, enabled: bool) -> Any:
     """A progress bar over optimiser steps (silent on every rank but the main one)."""
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True, disable=not enabled)
+    return tqdm(
+        total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True, disable=not enabled
+    )
 
 
 def _truncate_metrics(path: Path, done: int) -> None:
