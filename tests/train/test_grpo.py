@@ -178,6 +178,10 @@ def test_ctxrl_train_end_to_end_and_resume(tmp_path: Path, capsys: pytest.Captur
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [1.0, 2.0]
     assert lines[1]["rollout/episodes"] == 2.0 and lines[1]["rollout/generate_calls"] <= 2.0
+    # the random model makes no well-formed call: reward 0 - 0.3 for both, no signal; the update still runs
+    # (drop_zero_variance: none) on at most 2 episodes x 2 steps x 8 tokens, with a zero loss
+    assert lines[1]["reward/mean"] == pytest.approx(-0.3) and lines[1]["loss/loss"] == 0.0
+    assert 0 < lines[1]["loss/tokens"] <= 32
     assert (out / "checkpoints" / "latest").read_text() == "step-000002"
 
 
