@@ -5,6 +5,7 @@
     ctxrl quickstart
     ctxrl rollout --config configs/rollout.yaml [KEY=VALUE ...] --out runs/r1
     ctxrl eval --config configs/eval_scripted.yaml [KEY=VALUE ...] --out runs/eval
+    ctxrl train --config configs/train_tiny.yaml [KEY=VALUE ...] --out runs/train [--overwrite] [--resume]
     ctxrl bench NAME [--json FILE]
     ctxrl evolve --config configs/evolve_tiny.yaml [KEY=VALUE ...] --out runs/evolve [--resume]
     ctxrl export --run runs/X [--step N] --out DIR [--adapter-only]
@@ -128,6 +129,16 @@ def _add_eval(sub: argparse._SubParsersAction[Any]) -> None:
     p.set_defaults(run="ctxrl.commands.eval:run_eval")
 
 
+def _add_train(sub: argparse._SubParsersAction[Any]) -> None:
+    p = sub.add_parser("train", help="stepwise GRPO on built-in tasks (metrics.jsonl, checkpoints)")
+    _add_run_config(p)
+    _add_out(p, "runs/train")
+    p.add_argument(
+        "--resume", action="store_true", help="continue the run in --out from its latest checkpoint"
+    )
+    p.set_defaults(run="ctxrl.commands.train:run_train")
+
+
 def _add_report(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("report", help="write one static HTML report of a run folder (plots, eval table)")
     p.add_argument(
@@ -179,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_quickstart(sub)
     _add_eval(sub)
     _add_rollout(sub)
+    _add_train(sub)
     _add_bench(sub)
     _add_report(sub)
     _add_evolve(sub)

@@ -11,11 +11,14 @@ from typing import Any
 import pytest
 import torch
 
+from ctxrl.commands.config import load_run_config
 from ctxrl.config import load_config
 from ctxrl.errors import UsageError
+from ctxrl.rewards.advantages import AdvantageConfig
 from ctxrl.train.config import TrainConfig
 from ctxrl.train.engines.base import Generation, SamplingConfig
-from ctxrl.train.grpo import train
+from ctxrl.train.grpo import TaskBatches, TrainResult, train
+from ctxrl.train.rollout import RolloutConfig
 
 
 def call(name: str, **arguments: Any) -> str:
@@ -62,19 +65,30 @@ class TwoStyleEngine:
     def close(self) -> None: ...
 
 
-def config(model_dir: Path, out: Path, max_steps: int = 4, **fields: Any) -> TrainConfig:
-    overrides = {
-        "model": str(model_dir),
-        "output_dir": str(out),
-        "steps": 1,
-        "tasks_per_step": 1,
-        "rollout": {"group_size": 2, "max_steps": max_steps, "sampling": {"max_new_tokens": 64}},
-        "penalties": {"no_tool_call": 0.3},
-        "lr": 1e-3,
-        "max_tokens_per_microbatch": 4096,
-        **fields,
-    }
-    return load_config(TrainConfig, overrides)
+def run(
+    model_dir: Path,
+    out: Path,
+    engine: Any,
+    tokenizer: Any,
+    *,
+    max_steps: int = 4,
+    resume: bool = False,
+    **fields: Any,
+) -> TrainResult:
+    """``train`` on one easy retention task, G = 2, with the two-style engine (``fields``: the train section)."""
+    config = load_config(TrainConfig, {"steps": 1, "penalties": {"no_tool_call": 0.3}, "lr": 1e-3, **fields})
+    return train(
+        config,
+        model_dir=model_dir,
+        engine=engine,
+        tokenizer=tokenizer,
+        tasks=TaskBatches(("retention",), "train", "easy", count=1),
+        rollout_config=RolloutConfig(group_size=2, max_steps=max_steps),
+        advantages=AdvantageConfig(drop_zero_variance="signal"),
+        sampling=SamplingConfig(max_new_tokens=64),
+        out=out,
+        resume=resume,
+    )
 
 
 def params(model_dir: Path) -> dict[str, torch.Tensor]:
@@ -87,7 +101,7 @@ def test_one_step_updates_the_weights_and_syncs_the_engine(
     tiny_model_dir: Path, tiny_tokenizer: Any, tmp_path: Path
 ) -> None:
     engine = TwoStyleEngine(tiny_tokenizer)
-    result = train(config(tiny_model_dir, tmp_path / "run"), engine=engine, tokenizer=tiny_tokenizer)
+    result = run(tiny_model_dir, tmp_path / "run", engine, tiny_tokenizer)
     m = result.metrics[0]
     assert m["step"] == 1.0 and m["rollout/episodes"] == 2.0
     assert m["reward/mean"] == pytest.approx(-0.15)  # one episode 0, the talker -0.3
@@ -102,6 +116,9 @@ def test_one_step_updates_the_weights_and_syncs_the_engine(
     assert changed, "the update changed no parameter"
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["loss/tokens"] == m["loss/tokens"]
+    spaces = {key.split("/")[0] for key in json.loads(lines[0]) if "/" in key}
+    assert spaces >= {"rollout", "reward", "loss", "cost", "time"}
+    assert m["rollout/generate_calls"] == 4.0  # 4 steps of 2 episodes, batched
     ckpt = tmp_path / "run" / "checkpoints"
     assert (ckpt / "latest").read_text() == "step-000001"
     assert {p.name for p in (ckpt / "step-000001").iterdir()} >= {
@@ -112,7 +129,7 @@ def test_one_step_updates_the_weights_and_syncs_the_engine(
         "rng-0.pt",
     }
     with pytest.raises(UsageError, match="already holds checkpoints"):
-        train(config(tiny_model_dir, tmp_path / "run"), engine=engine, tokenizer=tiny_tokenizer)
+        run(tiny_model_dir, tmp_path / "run", engine, tiny_tokenizer)
 
 
 def test_resumed_run_repeats_the_uninterrupted_one(
@@ -120,23 +137,12 @@ def test_resumed_run_repeats_the_uninterrupted_one(
 ) -> None:
     whole_engine = TwoStyleEngine(tiny_tokenizer)
     # two-step episodes (no edit yet) keep this test's four updates short
-    whole = train(
-        config(tiny_model_dir, tmp_path / "a", max_steps=2, steps=2),
-        engine=whole_engine,
-        tokenizer=tiny_tokenizer,
-    )
+    whole = run(tiny_model_dir, tmp_path / "a", whole_engine, tiny_tokenizer, max_steps=2, steps=2)
     # "killed" after step 1: a run of 1 step, then resumed to 2
-    train(
-        config(tiny_model_dir, tmp_path / "b", max_steps=2, steps=1),
-        engine=TwoStyleEngine(tiny_tokenizer),
-        tokenizer=tiny_tokenizer,
-    )
+    run(tiny_model_dir, tmp_path / "b", TwoStyleEngine(tiny_tokenizer), tiny_tokenizer, max_steps=2, steps=1)
     resumed_engine = TwoStyleEngine(tiny_tokenizer)
-    resumed = train(
-        config(tiny_model_dir, tmp_path / "b", max_steps=2, steps=2),
-        engine=resumed_engine,
-        tokenizer=tiny_tokenizer,
-        resume=True,
+    resumed = run(
+        tiny_model_dir, tmp_path / "b", resumed_engine, tiny_tokenizer, max_steps=2, steps=2, resume=True
     )
     assert (resumed.first_step, len(resumed.metrics)) == (1, 1)
     a, b = whole.metrics[1], resumed.metrics[0]
@@ -146,3 +152,52 @@ def test_resumed_run_repeats_the_uninterrupted_one(
     assert len(resumed_engine.synced) == 2
     for k, v in whole_engine.synced[-1].items():
         assert torch.equal(v, resumed_engine.synced[-1][k]), k
+
+
+TINY = [
+    "--config",
+    str(Path(__file__).parents[2] / "configs" / "train_tiny.yaml"),
+    "engine.name=hf",
+    "tasks.count=1",
+    "rollout.group_size=2",
+    "rollout.max_steps=2",
+    "sampling.max_new_tokens=8",
+]
+
+
+def test_ctxrl_train_end_to_end_and_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ctxrl.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", *TINY, "train.steps=1", "--out", str(out)]) == 0
+    assert (out / "model" / "config.json").is_file()  # no model given: the tiny model, built into the run
+    assert load_run_config(out / "config.yaml").train.steps == 1  # the resolved config, in the run folder
+    assert (out / "checkpoints" / "latest").read_text() == "step-000001"
+    assert "step 1: success 0.00" in capsys.readouterr().out  # the one human line per step
+    assert main(["train", *TINY, "train.steps=2", "--out", str(out), "--resume"]) == 0
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [1.0, 2.0]
+    assert lines[1]["rollout/episodes"] == 2.0 and lines[1]["rollout/generate_calls"] <= 2.0
+    # the random model makes no well-formed call: reward 0 - 0.3 for both, no signal; the update still runs
+    # (drop_zero_variance: none) on at most 2 episodes x 2 steps x 8 tokens, with a zero loss
+    assert lines[1]["reward/mean"] == pytest.approx(-0.3) and lines[1]["loss/loss"] == 0.0
+    assert 0 < lines[1]["loss/tokens"] <= 32
+    assert (out / "checkpoints" / "latest").read_text() == "step-000002"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("train.learning_rate=0.1", "unknown config key 'train.learning_rate'"),
+        ("rollout.group_size=1", "GRPO needs >= 2 episodes per task"),
+    ],
+)
+def test_ctxrl_train_bad_config_is_one_line(
+    override: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ctxrl.cli import main
+
+    assert main(["train", *TINY, override, "--out", str(tmp_path / "run")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("ctxrl train: error: ") and message in err and "\n" not in err
+    assert not (tmp_path / "run").exists()  # nothing written before the check

@@ -1,4 +1,4 @@
-"""TrainConfig: defaults from the reference run, loading through load_config, and the checks."""
+"""TrainConfig: the ``train`` section of the run config; defaults from the reference run, and the checks."""
 
 from __future__ import annotations
 
@@ -6,47 +6,58 @@ from pathlib import Path
 
 import pytest
 
-from ctxrl.config import load_config
+from ctxrl.commands.config import load_run_config
 from ctxrl.errors import ConfigError
+from ctxrl.rewards.advantages import AdvantageConfig
 from ctxrl.train.config import TrainConfig
+from ctxrl.train.grpo import check_setup
+from ctxrl.train.rollout import RolloutConfig
 
 
 def test_defaults_follow_the_reference_run() -> None:
     cfg = TrainConfig()
-    assert (cfg.epsilon_low, cfg.epsilon_high, cfg.w_eff, cfg.lr) == (0.2, 0.28, 0.25, 1e-6)
+    assert (cfg.epsilon_low, cfg.epsilon_high, cfg.lr, cfg.tracker) == (0.2, 0.28, 1e-6, "none")
     assert cfg.loss_config().epsilon_high == 0.28
-    assert cfg.credit_config().advantages.w_eff == 0.25
+    credit = cfg.credit_config(AdvantageConfig(w_eff=0.5))
+    assert credit.advantages.w_eff == 0.5 and credit.penalties.no_tool_call == 0.0
 
 
-def test_loads_from_yaml_with_overrides(tmp_path: Path) -> None:
+def test_the_train_section_loads_from_yaml_with_overrides(tmp_path: Path) -> None:
     path = tmp_path / "run.yaml"
     path.write_text(
-        "model: models/tiny\nsteps: 3\nrollout:\n  group_size: 4\n  max_steps: 2\n"
-        "penalties:\n  no_tool_call: 0.3\n  format_failure: 0.2\nlora:\n  enabled: true\n  r: 8\n"
+        "rollout:\n  group_size: 4\ntrain:\n  steps: 3\n  penalties:\n    no_tool_call: 0.3\n"
+        "    format_failure: 0.2\n  lora:\n    enabled: true\n    r: 8\n"
     )
-    cfg = load_config(TrainConfig, path, ["kl_coef=0.01", "lora.target_modules=[q_proj, v_proj]"])
-    assert (cfg.model, cfg.steps, cfg.rollout.group_size, cfg.rollout.max_steps) == ("models/tiny", 3, 4, 2)
+    run = load_run_config(path, ["train.kl_coef=0.01", "train.lora.target_modules=[q_proj, v_proj]"])
+    cfg = run.train
+    assert (cfg.steps, run.rollout.group_size) == (3, 4)
     assert (cfg.penalties.no_tool_call, cfg.penalties.format_failure) == (0.3, 0.2)
     assert cfg.lora.enabled and cfg.lora.r == 8 and cfg.lora.target_modules == ("q_proj", "v_proj")
     assert cfg.loss_config().kl_coef == 0.01
-    assert cfg.credit_config().penalties.no_tool_call == 0.3
 
 
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("epsilon_low=1.5", "epsilon_low"),
-        ("tis_cap=0", "tis_cap"),
-        ("rollout.group_size=1", "group_size"),
-        ("lora.r=0", "lora.r"),
-        ("penalties.no_tool_call=-1", "no_tool_call"),
-        ("w_eff=-0.1", "w_eff"),
-        ("updates_per_rollout=1000", "updates_per_rollout"),
-        ("drop_zero_variance=always", "drop_zero_variance"),
-        ("learning_rate=1e-5", "unknown config key .learning_rate"),
-        ("kl_coeff=0.1", "did you mean .kl_coef"),
+        ("train.epsilon_low=1.5", "epsilon_low"),
+        ("train.tis_cap=0", "tis_cap"),
+        ("train.lora.r=0", "lora.r"),
+        ("train.penalties.no_tool_call=-1", "no_tool_call"),
+        ("train.tracker=tensorboard", "train.tracker must be one of 'none', 'wandb'"),
+        ("train.learning_rate=1e-5", "unknown config key 'train.learning_rate'"),
+        ("train.kl_coeff=0.1", "did you mean 'kl_coef'"),
+        ("train.w_eff=0.1", "unknown config key 'train.w_eff'"),  # it lives in advantages
     ],
 )
 def test_bad_values_name_the_field(override: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        load_config(TrainConfig, None, [override])
+        load_run_config(None, [override])
+
+
+def test_checks_across_sections_say_how_to_fix() -> None:
+    with pytest.raises(ConfigError, match=r"GRPO needs >= 2 episodes per task.*set rollout\.group_size=4"):
+        check_setup(TrainConfig(), RolloutConfig(group_size=1), tasks_per_step=8)
+    # 3 tasks x G=2 = 6 episodes: 6 updates fit, 7 do not
+    check_setup(TrainConfig(updates_per_rollout=6), RolloutConfig(group_size=2), tasks_per_step=3)
+    with pytest.raises(ConfigError, match="updates_per_rollout=7 exceeds the 6 episodes"):
+        check_setup(TrainConfig(updates_per_rollout=7), RolloutConfig(group_size=2), tasks_per_step=3)

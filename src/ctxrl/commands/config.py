@@ -4,7 +4,8 @@
 
 The sections are the typed configs of the layers below, nested: ``engine`` and ``sampling``
 (:mod:`ctxrl.train.engines`), ``harness`` (:class:`ctxrl.env.config.HarnessConfig`), ``tasks``,
-``rollout`` (:class:`ctxrl.train.rollout.RolloutConfig`), ``advantages``
+``rollout`` (:class:`ctxrl.train.rollout.RolloutConfig`), ``train`` (:class:`ctxrl.train.config.TrainConfig`), ``evolve``
+(:class:`ctxrl.evolve.config.EvolveConfig`), ``advantages``
 (:class:`ctxrl.rewards.advantages.AdvantageConfig`) and ``eval``. Each class is the only home of its
 defaults; a YAML file and the overrides only override fields, and an unknown or mistyped key is an error
 that names it (:func:`ctxrl.config.load_config`). The resolved config is written into every run folder
@@ -28,6 +29,7 @@ from ctxrl.env.tasks.splits import SPLIT_RANGES
 from ctxrl.errors import ConfigError
 from ctxrl.evolve.config import EvolveConfig
 from ctxrl.rewards.advantages import AdvantageConfig
+from ctxrl.train.config import TrainConfig
 from ctxrl.train.engines.base import EngineConfig, SamplingConfig
 from ctxrl.train.rollout import RolloutConfig
 
@@ -100,6 +102,7 @@ class RunConfig:
     advantages: AdvantageConfig = field(default_factory=AdvantageConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     evolve: EvolveConfig = field(default_factory=EvolveConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
 
 
 def load_run_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> RunConfig:

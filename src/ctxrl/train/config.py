@@ -1,10 +1,15 @@
-"""The typed config of a GRPO run: the only home of its defaults.
+"""The ``train`` section of the run config: the settings of stepwise GRPO and nothing else.
 
-    cfg = load_config(TrainConfig, "configs/train/tiny.yaml", ["lr=1e-5", "lora.enabled=true"])
+    ctxrl train --config configs/train_tiny.yaml train.steps=20 train.lr=1e-5 train.lora.enabled=true
 
-Defaults follow the reference run where it has one (clip 0.2 / 0.28, ``w_eff`` 0.25, Adam lr 1e-6); its
-KL 0.01 and failure penalties 0.3 / 0.2 are options here (``kl_coef``, ``penalties``), off by default,
-because the KL needs a reference forward pass and the penalties change what the task channel sees.
+What other sections already say is not repeated here: the model and the engine (``model``, ``engine``), the
+tasks of each step (``tasks``: ``count`` tasks per step and rank), the rollout (``rollout``: group size, mode,
+episode limits), sampling, the harness, the advantages (``advantages``: ``w_eff``, std scaling,
+``drop_zero_variance``) and the run folder (the command's ``--out``).
+
+Defaults follow the reference run where it has one (clip 0.2 / 0.28, Adam lr 1e-6); its KL 0.01 and failure
+penalties 0.3 / 0.2 are options here (``kl_coef``, ``penalties``), off by default, because the KL needs a
+reference forward pass and the penalties change what the task channel sees.
 """
 
 from __future__ import annotations
@@ -16,7 +21,6 @@ from ctxrl.errors import ConfigError
 from ctxrl.rewards.advantages import AdvantageConfig
 from ctxrl.train.credit import CreditConfig, Penalties
 from ctxrl.train.loss import LossConfig
-from ctxrl.train.rollout import RolloutConfig
 
 
 @dataclass(frozen=True)
@@ -57,48 +61,19 @@ class LoraSettings:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """One stepwise GRPO run: model, tasks, rollout, credit, loss, optimiser, batching, checkpoints."""
+    """Stepwise GRPO: steps, credit options, loss, optimiser, batching, LoRA, checkpoints, tracking."""
 
-    model: str = ""
-    """Folder of the causal LM (and tokenizer) to train."""
-    output_dir: str = "runs/train"
-    """Where metrics.jsonl and checkpoints/ go."""
-    engine: str = "vllm"
-    """Rollout engine (``vllm``, ``vllm-server``, ``hf``); the trainer pushes weights to it after each update."""
-    engine_max_model_len: int = 8192
-    """Longest prompt + generation the engine accepts."""
-
-    family: str = "retention"
-    """Task family the rollouts draw from."""
-    difficulty: str = "easy"
-    """Task difficulty (``easy``, ``default``, ``hard``)."""
-    split: str = "train"
-    """Split whose seeds the tasks use; each step and rank takes the next unused seeds."""
     steps: int = 100
-    """Optimiser steps (one rollout each)."""
-    tasks_per_step: int = 8
-    """Tasks per step and rank; each runs ``rollout.group_size`` episodes."""
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    """Group size, mode, sampling and harness settings of every rollout."""
-
-    w_eff: float = 0.25
-    """Weight of the efficiency channel on edit tokens (0: plain GRPO)."""
-    scale_by_std: bool = True
-    """Divide the task advantage by the group std (GRPO); False: mean baseline only (Dr. GRPO)."""
-    efficiency: Literal["relative", "rank"] = "relative"
-    """Efficiency channel: cost relative to the group's successful mean, or cost rank."""
-    drop_zero_variance: Literal["none", "task", "signal"] = "signal"
-    """Leave out groups with no signal: ``task`` = equal rewards (DAPO as published); ``signal`` = every
-    token advantage zero (keeps all-success groups whose costs differ)."""
+    """Optimiser rounds: one rollout each (``updates_per_rollout`` optimiser steps per rollout)."""
     penalties: Penalties = field(default_factory=Penalties)
     """Reward penalties on failed episodes (the reference run: no_tool_call 0.3, format_failure 0.2)."""
     graded: bool = False
-    """Task reward = the verifier's graded score instead of success 1/0."""
+    """Task reward = the verifier's graded score (fraction right) instead of success 1/0."""
     cost_unit: Literal["tokens", "flops"] = "tokens"
     """What the efficiency channel compares: replayed computed tokens or FLOPs."""
 
     lr: float = 1e-6
-    """Adam(W) learning rate."""
+    """AdamW learning rate."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     max_grad_norm: float | None = 1.0
@@ -112,7 +87,7 @@ class TrainConfig:
     tis_cap: float | None = 2.0
     """Cap of the truncated importance weight for the engine-vs-trainer mismatch; null disables it."""
     updates_per_rollout: int = 1
-    """Optimiser steps per rollout batch (its rows split evenly); >1 makes later updates off-policy,
+    """Optimiser steps per rollout batch (its episodes split evenly); >1 makes later updates off-policy,
     which is what the clip is for, and costs one extra forward pass for the old logprobs."""
 
     max_tokens_per_microbatch: int = 8192
@@ -127,17 +102,20 @@ class TrainConfig:
     """Dtype the trainer loads the model in (fp32 is faster on CPU)."""
 
     seed: int = 0
-    """Seeds Python, NumPy and torch (each rank adds its rank), and the engine."""
+    """Seeds Python, NumPy and torch (each rank adds its rank)."""
     save_every: int = 10
     """Write a checkpoint every N steps (and after the last); 0 only after the last."""
     log_every: int = 1
     """Print a one-line summary every N steps."""
+    tracker: Literal["none", "wandb"] = "none"
+    """Where metrics go besides ``<out>/metrics.jsonl``: nowhere, or a wandb run (offline unless
+    ``WANDB_MODE`` says otherwise) in ``<out>/wandb``."""
+    wandb_project: str = "ctxrl"
+    """wandb project name (``tracker: wandb``)."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise ConfigError(f"steps must be >= 1, got {self.steps}")
-        if self.tasks_per_step < 1:
-            raise ConfigError(f"tasks_per_step must be >= 1, got {self.tasks_per_step}")
         if self.lr <= 0:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
         if self.weight_decay < 0:
@@ -148,23 +126,11 @@ class TrainConfig:
             )
         if self.updates_per_rollout < 1:
             raise ConfigError(f"updates_per_rollout must be >= 1, got {self.updates_per_rollout}")
-        if self.updates_per_rollout > self.tasks_per_step * self.rollout.group_size:
-            raise ConfigError(
-                f"updates_per_rollout={self.updates_per_rollout} exceeds the episodes per rollout "
-                f"({self.tasks_per_step} tasks x group_size {self.rollout.group_size}); lower it or add tasks"
-            )
         if self.max_tokens_per_microbatch < 2:
             raise ConfigError(f"max_tokens_per_microbatch must be >= 2, got {self.max_tokens_per_microbatch}")
         if self.save_every < 0 or self.log_every < 1:
             raise ConfigError("save_every must be >= 0 and log_every >= 1")
-        if self.rollout.group_size < 2:
-            raise ConfigError(
-                f"rollout.group_size is {self.rollout.group_size}: GRPO needs >= 2 episodes per task to "
-                "have a baseline; set rollout.group_size: 4 or more"
-            )
-        # the loss and credit configs check their own ranges; build them here so errors surface at load
-        self.loss_config()
-        self.credit_config()
+        self.loss_config()  # the loss config checks its own ranges; build it so errors surface at load
 
     def loss_config(self) -> LossConfig:
         return LossConfig(
@@ -174,14 +140,10 @@ class TrainConfig:
             tis_cap=self.tis_cap,
         )
 
-    def credit_config(self) -> CreditConfig:
+    def credit_config(self, advantages: AdvantageConfig) -> CreditConfig:
+        """The credit settings: this section's penalties, grading and cost unit with the run's advantages."""
         return CreditConfig(
-            advantages=AdvantageConfig(
-                w_eff=self.w_eff,
-                scale_by_std=self.scale_by_std,
-                drop_zero_variance=self.drop_zero_variance,
-                efficiency=self.efficiency,
-            ),
+            advantages=advantages,
             penalties=self.penalties,
             graded=self.graded,
             cost_unit=self.cost_unit,

@@ -1,17 +1,21 @@
-"""Stepwise GRPO, top to bottom: rollout → credit → rows → packed microbatches → loss → update → sync.
+"""Stepwise GRPO, top to bottom: rollout → credit → rows → packed microbatches → loss → update → sync → log.
 
-    from ctxrl.config import load_config
-    from ctxrl.train.config import TrainConfig
-    from ctxrl.train.grpo import train
-    train(load_config(TrainConfig, "configs/train/tiny.yaml", ["steps=2"]))   # resume=True continues a run
+    ctxrl train --config configs/train_tiny.yaml --out runs/train          # the command builds the pieces
+    train(run.train, model_dir=folder, engine=engine, tokenizer=tokenizer,
+          tasks=TaskBatches(("retention",), "train", "easy", count=4), rollout_config=run.rollout,
+          advantages=run.advantages, harness=run.harness, sampling=run.sampling, out=Path("runs/t"))
 
-Under ``accelerate launch`` every rank runs this same loop on its own tasks (rank r of W takes the seeds
-``(step·W + r)·tasks_per_step …`` of the split) with its own engine; DDP averages the gradients, and the loss
-is scaled so the average is the token mean over every rank's loss tokens.
+Each argument is one section of the run config (:mod:`ctxrl.commands.config`) or something the command built
+from it (the engine, the tokenizer, the model folder); this module owns only the ``train`` section
+(:class:`ctxrl.train.config.TrainConfig`).
+
+Under ``accelerate launch`` every rank runs this same loop on its own tasks (batch ``step·W + r`` of
+:class:`TaskBatches` for rank r of W) with its own engine; DDP averages the gradients, and the loss is scaled
+so the average is the token mean over every rank's loss tokens.
 
 One step:
 
-1. **Rollout.** ``rollout(engine, tokenizer, tasks, config.rollout)``: G episodes per task, token in / token out.
+1. **Rollout.** ``rollout(engine, tokenizer, tasks, rollout_config, ...)``: G episodes per task, token in / out.
 2. **Credit.** :func:`ctxrl.train.credit.assign_credit`: shaped rewards, the task channel on every action token
    and the efficiency channel on edit tokens; groups without signal are dropped (``drop_zero_variance``).
 3. **Rows.** :func:`ctxrl.train.rows.episode_rows`: append-only stretches share a row; an edit starts one.
@@ -19,7 +23,8 @@ One step:
    forward and backward per microbatch, gradients accumulated, then one clipped optimiser step (or
    ``updates_per_rollout`` steps over disjoint parts of the episodes).
 5. **Sync.** The new weights go to the engine (``engine.update_weights``; a LoRA adapter is merged on the fly).
-6. **Log.** Namespaced metrics (``rollout/``, ``reward/``, ``loss/``, ``cost/``) to ``metrics.jsonl`` and one line.
+6. **Log.** Namespaced metrics (``rollout/``, ``reward/``, ``loss/``, ``cost/``, ``time/``) to
+   ``<out>/metrics.jsonl`` and the tracker, a progress bar, and one line every ``log_every`` steps.
 7. **Checkpoint.** Every ``save_every`` steps: the trainable weights, the optimiser, every rank's RNG states and
    the step, written to a temporary folder and renamed into place.
 
@@ -37,7 +42,7 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -45,22 +50,56 @@ from typing import Any
 import numpy as np
 import torch
 
+from ctxrl.env.config import HarnessConfig
 from ctxrl.env.tasks.base import Task
-from ctxrl.env.tasks.registry import make_task
+from ctxrl.env.tasks.registry import FAMILIES, make_task
 from ctxrl.env.tasks.splits import split_seeds
 from ctxrl.errors import ConfigError, UsageError
+from ctxrl.rewards.advantages import AdvantageConfig
 from ctxrl.rewards.cost import ModelGeometry
 from ctxrl.train.config import TrainConfig
 from ctxrl.train.credit import EpisodeCredit, assign_credit
-from ctxrl.train.engines.base import Engine
+from ctxrl.train.engines.base import Engine, SamplingConfig
 from ctxrl.train.logprobs import packing_supported, token_logprobs
 from ctxrl.train.loss import LossStats, policy_loss, token_mean_scale
-from ctxrl.train.rollout import rollout
+from ctxrl.train.rollout import RolloutConfig, rollout
 from ctxrl.train.rows import Microbatch, Row, episode_rows, pack_rows, pad_rows, row_stats
+from ctxrl.train.tracking import NoTracker, Tracker, make_tracker
 from ctxrl.train.trajectory import EpisodeRecord
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
+METRICS = "metrics.jsonl"
+
+
+@dataclass(frozen=True)
+class TaskBatches:
+    """The built-in tasks of every step: batch ``k`` is the k-th run of ``count`` tasks of ``split``.
+
+    Tasks are taken as :class:`ctxrl.env.tasks.registry.BuiltinTaskSource` yields them (per seed, one task per
+    family, round-robin), wrapping around the split; rank r of W at step s takes batch ``s·W + r``, so ranks
+    and steps never share a task until the split is used up.
+    """
+
+    families: tuple[str, ...]
+    """Families (empty: all of them)."""
+    split: str
+    difficulty: str
+    count: int
+    """Tasks per batch (per step and rank)."""
+
+    def __call__(self, k: int) -> list[Task]:
+        families = self.families or tuple(FAMILIES)
+        seeds = split_seeds(self.split)
+        first = k * self.count
+        return [
+            make_task(
+                families[j % len(families)],
+                seeds[(j // len(families)) % len(seeds)],
+                self.difficulty,
+            )
+            for j in range(first, first + self.count)
+        ]
 
 
 @dataclass
@@ -73,38 +112,65 @@ class TrainResult:
     output_dir: Path
 
 
+def check_setup(config: TrainConfig, rollout_config: RolloutConfig, tasks_per_step: int) -> None:
+    """The checks across sections: a GRPO group needs two episodes, and every update needs an episode."""
+    if rollout_config.group_size < 2:
+        raise ConfigError(
+            f"rollout.group_size is {rollout_config.group_size}: GRPO needs >= 2 episodes per task for a "
+            "baseline; set rollout.group_size=4"
+        )
+    episodes = tasks_per_step * rollout_config.group_size
+    if config.updates_per_rollout > episodes:
+        raise ConfigError(
+            f"train.updates_per_rollout={config.updates_per_rollout} exceeds the {episodes} episodes of a "
+            f"rollout (tasks.count x rollout.group_size); lower it or raise tasks.count"
+        )
+
+
+def make_accelerator() -> Any:
+    """The accelerate ``Accelerator`` of this process (CPU where no CUDA device exists)."""
+    from accelerate import Accelerator
+
+    return Accelerator(cpu=not torch.cuda.is_available())
+
+
 def train(
     config: TrainConfig,
     *,
-    engine: Engine | None = None,
-    tokenizer: Any = None,
+    model_dir: str | Path,
+    engine: Engine,
+    tokenizer: Any,
+    tasks: TaskBatches,
+    rollout_config: RolloutConfig,
+    advantages: AdvantageConfig,
+    out: str | Path,
+    harness: HarnessConfig | None = None,
+    sampling: SamplingConfig | None = None,
     resume: bool = False,
     accelerator: Any = None,
+    run_config: Mapping[str, Any] | None = None,
 ) -> TrainResult:
-    """Run GRPO for ``config.steps`` steps (from the latest checkpoint with ``resume``).
+    """Run GRPO for ``config.steps`` steps into the run folder ``out`` (from its latest checkpoint with
+    ``resume``).
 
-    ``engine`` and ``tokenizer`` default to ``config.engine`` on ``config.model`` and the model's tokenizer;
-    pass them to roll out with something else (e.g. a scripted engine in tests). The engine receives the
-    weights after every update.
+    The policy is loaded from ``model_dir``; ``engine`` (built on the same weights) rolls out
+    and receives the weights after every update; the caller closes it. ``tokenizer`` is the policy's.
+    ``run_config`` (plain data) goes to the tracker. Raises :class:`ConfigError` on settings that do not fit
+    together and :class:`UsageError` on a folder that holds checkpoints without ``resume`` (or none with it).
     """
-    from accelerate import Accelerator
-
-    from ctxrl.train.engines import make_engine
-    from ctxrl.train.engines.model_dir import load_tokenizer
-
-    if not config.model:
-        raise ConfigError("model is empty; set model: <folder of the causal LM to train>")
-    acc = accelerator or Accelerator(cpu=not torch.cuda.is_available())
+    check_setup(config, rollout_config, tasks.count)
+    acc = accelerator or make_accelerator()
     rank, world = acc.process_index, acc.num_processes
-    out = Path(config.output_dir)
+    out = Path(out)
     if not resume and acc.is_main_process and (out / CHECKPOINTS).exists():
-        raise UsageError(f"{out} already holds checkpoints; resume the run or choose another output_dir")
+        raise UsageError(
+            f"{out} already holds checkpoints; resume the run (--resume) or choose another --out"
+        )
     out.mkdir(parents=True, exist_ok=True)
     seed_everything(config.seed + rank)
 
     # ---- model, reference, optimiser -------------------------------------------------------------------
-    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.model)
-    model = load_policy(config)
+    model = load_policy(model_dir, config)
     reference = None
     if config.kl_coef > 0 and not config.lora.enabled:
         reference = copy.deepcopy(model).eval().requires_grad_(False).to(acc.device)
@@ -116,28 +182,36 @@ def train(
     packed = config.packing == "packed" or (config.packing == "auto" and packing_supported(policy))
     pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
     start = load_checkpoint(out, policy, optimizer, rank) if resume else 0
-    if engine is None:
-        engine = make_engine(
-            config.engine, config.model, seed=config.seed + rank, max_model_len=config.engine_max_model_len
-        )
     if start > 0:
-        engine.update_weights(policy)
+        engine.update_weights(policy)  # the engine was built on the initial weights
     geometry = _geometry(policy)
+    credit_config, loss_config = config.credit_config(advantages), config.loss_config()
     history: list[dict[str, float]] = []
-    metrics_path = out / "metrics.jsonl"
+    metrics_path = out / METRICS
+    tracker: Tracker = NoTracker()
+    if acc.is_main_process:
+        _truncate_metrics(metrics_path, start)  # a killed run may have logged steps past its checkpoint
+        tracker = make_tracker(config.tracker, out, project=config.wandb_project, config=run_config)
+    bar = _progress(config.steps, start, enabled=acc.is_main_process)
 
     for step in range(start, config.steps):
         t0 = time.perf_counter()
         # ---- 1. rollout: this rank's tasks, G episodes each -------------------------------------------
         model.eval()
         result = rollout(
-            engine, tokenizer, step_tasks(config, step, rank, world), config.rollout, geometry=geometry
+            engine,
+            tokenizer,
+            tasks(step * world + rank),
+            rollout_config,
+            geometry=geometry,
+            harness=harness,
+            sampling=sampling,
         )
         episodes = result.episodes
         rollout_s = time.perf_counter() - t0
 
         # ---- 2. credit: shaped rewards -> per-token advantages; drop groups without signal --------------
-        credit = assign_credit(episodes, config.credit_config())
+        credit = assign_credit(episodes, credit_config)
 
         # ---- 3. rows: append-only stretches share a row, edits start one ---------------------------------
         rows = [
@@ -179,18 +253,14 @@ def train(
                         tensors.get("attention_mask"),
                         with_entropy=True,
                     )
-                    ref = (
-                        _reference_logprobs(policy, reference, tensors, config)
-                        if config.kl_coef > 0
-                        else None
-                    )
+                    ref = _reference_logprobs(policy, reference, tensors) if config.kl_coef > 0 else None
                     out_i = policy_loss(
                         logprobs,
                         None if olds is None else olds[u][i] if i < len(olds[u]) else None,
                         tensors["old_logprobs"],
                         tensors["advantages"],
                         tensors["loss_mask"],
-                        config.loss_config(),
+                        loss_config,
                         num_loss_tokens=n_tokens,
                         ref_logprobs=ref,
                     )
@@ -221,7 +291,7 @@ def train(
             / loss_tokens
         )
         metrics["loss/grad_norm"] = float(np.mean(grad_norms)) if grad_norms else 0.0
-        metrics.update({f"rollout/{k.split('/', 1)[1]}": v for k, v in result.stats.metrics().items()})
+        metrics.update(result.stats.metrics())
         metrics.update(
             {
                 "time/rollout_s": rollout_s,
@@ -235,13 +305,17 @@ def train(
         if acc.is_main_process:
             with metrics_path.open("a", encoding="utf-8") as handle:
                 handle.write(json.dumps(metrics) + "\n")
+            tracker.log(metrics, step=step + 1)
+            bar.update(1)
             if (step + 1) % config.log_every == 0 or step + 1 == config.steps:
-                print(_summary(metrics), flush=True)
+                bar.write(_summary(metrics))
 
         # ---- 7. checkpoint ------------------------------------------------------------------------------
         if step + 1 == config.steps or (config.save_every and (step + 1) % config.save_every == 0):
             save_checkpoint(out, step + 1, policy, optimizer, acc, config)
 
+    bar.close()
+    tracker.finish()
     return TrainResult(first_step=start, last_step=config.steps, metrics=history, output_dir=out)
 
 
@@ -254,14 +328,14 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def load_policy(config: TrainConfig) -> Any:
-    """The model to train, in ``config.dtype``; wrapped in a peft LoRA adapter when ``lora.enabled``."""
+def load_policy(model_dir: str | Path, config: TrainConfig) -> Any:
+    """The model in ``model_dir``, in ``config.dtype``; wrapped in a peft LoRA adapter when ``lora.enabled``."""
     from transformers import AutoModelForCausalLM
 
     from ctxrl.errors import ModelLoadError
     from ctxrl.train.engines.model_dir import check_causal_lm_dir
 
-    path = check_causal_lm_dir(config.model)
+    path = check_causal_lm_dir(model_dir)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, config.dtype))
     except (OSError, ValueError, RuntimeError) as exc:
@@ -283,21 +357,30 @@ def load_policy(config: TrainConfig) -> Any:
     )
 
 
-def step_tasks(config: TrainConfig, step: int, rank: int, world: int) -> list[Task]:
-    """The tasks of ``rank`` at ``step``: the next ``tasks_per_step`` seeds of the split (wrapping around)."""
-    seeds = split_seeds(config.split)
-    first = (step * world + rank) * config.tasks_per_step
-    return [
-        make_task(config.family, seeds[(first + j) % len(seeds)], config.difficulty)
-        for j in range(config.tasks_per_step)
-    ]
-
-
 def _geometry(model: Any) -> ModelGeometry | None:
     try:
         return ModelGeometry.from_config(model.config)
     except ConfigError:
         return None  # e.g. mixture-of-experts: cost in tokens only
+
+
+def _progress(total: int, initial: int, *, enabled: bool) -> Any:
+    """A progress bar over optimiser steps (silent on every rank but the main one)."""
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True, disable=not enabled
+    )
+
+
+def _truncate_metrics(path: Path, done: int) -> None:
+    """Keep only the lines of steps ``<= done`` (the checkpoint a resumed run starts from)."""
+    if not path.exists():
+        return
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    kept = [line for line in lines if json.loads(line)["step"] <= done]
+    if len(kept) != len(lines):
+        path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
 
 
 def _split_by_episode(rows: Sequence[Row], parts: int) -> list[list[Row]]:
@@ -354,9 +437,7 @@ def _old_logprobs(
 
 
 @torch.no_grad()
-def _reference_logprobs(
-    policy: Any, reference: Any, tensors: dict[str, torch.Tensor], config: TrainConfig
-) -> torch.Tensor:
+def _reference_logprobs(policy: Any, reference: Any, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
     """Logprobs under the reference: the frozen initial model, or with LoRA the base with the adapter off."""
     args = (tensors["input_ids"], tensors["position_ids"], tensors.get("attention_mask"))
     if reference is not None:

@@ -1,0 +1,79 @@
+"""``ctxrl train``: stepwise GRPO of a model on built-in tasks (:mod:`ctxrl.train.grpo`).
+
+    ctxrl train --config configs/train_tiny.yaml --out runs/train                 # the tiny model, on CPU
+    ctxrl train --config configs/train_tiny.yaml train.steps=50 train.lr=1e-4 --out runs/t --overwrite
+    ctxrl train --config configs/train_tiny.yaml --out runs/train --resume        # continue a killed run
+    accelerate launch --config_file configs/accelerate/ddp.yaml -m ctxrl.cli train ...   # several ranks
+
+Writes into ``--out``: ``config.yaml`` (the resolved run config), ``metrics.jsonl`` (one line per step, keys
+``rollout/``, ``reward/``, ``loss/``, ``cost/``, ``time/``), ``checkpoints/`` and, with
+``train.tracker=wandb``, an offline wandb run in ``wandb/``. Without ``model`` the tiny model is built into
+``<out>/model``. Settings that do not fit together (``rollout.group_size=1``, more updates than episodes) are
+a one-line error before the model loads or the engine starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ctxrl.commands.common import build_engine, prepare_out, resolve_model, run_config, save_config
+from ctxrl.commands.config import RunConfig, to_dict
+from ctxrl.errors import UsageError
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """Entry point of ``ctxrl train`` (see the module docstring)."""
+    train_command(run_config(args), args.out, overwrite=args.overwrite, resume=args.resume)
+    return 0
+
+
+def train_command(config: RunConfig, out: Path, *, overwrite: bool = False, resume: bool = False) -> Any:
+    """Train as ``config`` says into the run folder ``out``; returns the :class:`TrainResult`.
+
+    Under ``accelerate launch`` the main rank prepares the folder (and builds the tiny model) while the
+    others wait; every rank then builds its own engine, seeded ``engine.seed + rank``.
+    """
+    from ctxrl.train.grpo import TaskBatches, check_setup, make_accelerator, train
+
+    check_setup(config.train, config.rollout, config.tasks.count)
+    if config.engine.name == "scripted" or config.engine.server_url is not None:
+        raise UsageError(
+            "training needs an engine that samples from the trained weights; set engine.name=vllm or hf"
+        )
+    if resume and overwrite:
+        raise UsageError("--resume continues the run in --out; --overwrite would erase it: pass one of them")
+    if resume and not (out / "config.yaml").is_file():
+        raise UsageError(f"nothing to resume in {out} (no config.yaml); start the run without --resume")
+    acc = make_accelerator()
+    if acc.is_main_process:
+        if not resume:
+            prepare_out(out, overwrite=overwrite)
+            save_config(config, out)
+        resolve_model(config, out)  # builds the tiny model once, before the other ranks look for it
+    acc.wait_for_everyone()
+    folder, tokenizer, _ = resolve_model(config, out)
+    assert folder is not None  # only a scripted engine runs without a model folder
+    engine_config = replace(config.engine, seed=config.engine.seed + acc.process_index)
+    engine = build_engine(replace(config, engine=engine_config), folder, tokenizer)
+    tc = config.tasks
+    try:
+        return train(
+            config.train,
+            model_dir=folder,
+            engine=engine,
+            tokenizer=tokenizer,
+            tasks=TaskBatches(tc.families, tc.split, tc.difficulty, tc.count),
+            rollout_config=config.rollout,
+            advantages=config.advantages,
+            harness=config.harness,
+            sampling=config.sampling,
+            out=out,
+            resume=resume,
+            accelerator=acc,
+            run_config=to_dict(config),
+        )
+    finally:
+        engine.close()
