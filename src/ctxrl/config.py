@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -34,6 +35,7 @@ import yaml
 from ctxrl.errors import ConfigError
 
 T = TypeVar("T")
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
 def load_config(
@@ -160,6 +162,8 @@ def _coerce_scalar(tp: Any, value: Any, path: str) -> Any:
         return value
     if tp is float and isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
+        return float(value)  # YAML 1.1 (PyYAML) reads ``5e-4``, without a dot, as text
     if tp is str and isinstance(value, str):
         return value
     if tp is Path and isinstance(value, str | Path):
