@@ -69,5 +69,5 @@ def test_exponent_floats_without_a_dot_are_numbers() -> None:
     """PyYAML reads ``5e-4`` as text (YAML 1.1); a float field takes it as the number it spells."""
     config = load_run_config(None, ["train.lr=5e-4", "advantages.w_eff=1e-1"])
     assert (config.train.lr, config.advantages.w_eff) == (5e-4, 0.1)
-    with pytest.raises(ConfigError, match="train.lr must be float"):
+    with pytest.raises(ConfigError, match=r"train\.lr must be float"):
         load_run_config(None, ["train.lr=fast"])
