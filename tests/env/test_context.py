@@ -72,3 +72,17 @@ def test_calibration_is_clamped(counter: ChatTemplateCounter) -> None:
     assert ctx.calibrate(raw * 100) == 1.25  # a gateway anomaly cannot blow up the budget
     assert ctx.calibrate(1) == 0.8
     assert ctx.raw_tokens == raw
+
+
+def test_the_counter_cache_is_safe_across_threads(tiny_tokenizer: Any) -> None:
+    """The rollout loop steps many episodes in threads with one counter: evicting from its small cache
+    concurrently must not lose a key under another thread (a KeyError killed a whole eval batch once)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    counter = ChatTemplateCounter(tiny_tokenizer, cache_size=8)
+    turns = [Turn("user", f"note {i} " * (i % 7 + 1)) for i in range(400)]
+    expected = [ChatTemplateCounter(tiny_tokenizer).count_turn(t) for t in turns]
+    with ThreadPoolExecutor(8) as pool:
+        for _ in range(5):
+            assert list(pool.map(counter.count_turn, turns)) == expected
+    assert len(counter._cache) <= 8

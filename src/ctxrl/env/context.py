@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Literal, Protocol
@@ -214,6 +215,7 @@ class ChatTemplateCounter:
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self._cache: dict[Turn, int] = {}
         self._cache_size = cache_size
+        self._lock = threading.Lock()
         self._anchor_tokens = self.count_text(self._render([self._ANCHOR]))
 
     def _render(self, messages: list[dict[str, Any]], **kwargs: Any) -> str:
@@ -239,9 +241,10 @@ class ChatTemplateCounter:
         if cached is not None:
             return cached
         n = self.count_text(self._render([self._ANCHOR, turn_to_message(turn)])) - self._anchor_tokens
-        if len(self._cache) >= self._cache_size:
-            del self._cache[next(iter(self._cache))]  # oldest first: dicts keep insertion order
-        self._cache[turn] = n
+        with self._lock:  # one counter serves the episodes of a rollout, stepped in several threads
+            if len(self._cache) >= self._cache_size:
+                self._cache.pop(next(iter(self._cache)), None)  # oldest first: dicts keep insertion order
+            self._cache[turn] = n
         return n
 
 
