@@ -1,15 +1,58 @@
-"""``ctxrl quickstart``: every stage of the pipeline that exists, end to end, on the tiny model."""
+"""``ctxrl quickstart``: the whole pipeline on the tiny model, end to end, as one short story.
+
+    ctxrl quickstart [--out runs/quickstart] [--overwrite] [KEY=VALUE ...]
+
+Stages, each in its own subfolder of the run folder (``ctxrl report`` reads them all from there):
+
+1. ``model/``: the tiny model, built offline.
+2. ``sft/``: demonstrations of the scripted file manager recorded token in / token out through the rollout
+   loop, then a supervised warm start on them (``ctxrl sft``).
+3. ``train/``: a few stepwise GRPO steps from the warm-started model (``ctxrl train``; the engine is vLLM
+   unless ``engine.name=hf`` is given), with weight sync to the engine and a checkpoint.
+4. ``export/``: the checkpoint exported as a serving folder and verified in vLLM (``ctxrl export``).
+5. ``eval/``: the exported model against the scripted baselines (append-only and the file manager) on the
+   same dev tasks (``ctxrl eval``).
+6. ``evolve/``: one round of skill evolution with the skill-reading scripted manager and the offline
+   proposer (``ctxrl evolve``).
+7. ``report.html``: one static page of all of it (``ctxrl report``).
+
+The sizes are the smallest that exercise every stage: the tiny model is random, so it solves nothing and
+its numbers show the plumbing, not learning. Library output (vLLM's, transformers', warnings) goes to
+``logs.txt`` in the run folder; the terminal gets one line per stage, progress bars, and the few numbers
+that matter. ``KEY=VALUE`` overrides apply to the training stage (e.g. ``engine.name=hf``).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import time
 from pathlib import Path
 from typing import Any
 
-from ctxrl.commands.common import ensure_tiny_model, prepare_out
+from ctxrl.commands.common import ensure_tiny_model, library_logs_to, prepare_out, write_text
 from ctxrl.commands.config import load_run_config
-from ctxrl.commands.eval import eval_command
-from ctxrl.commands.rollout import rollout_command
+
+STAGES = 7
+
+SFT = [
+    "engine.name=scripted", "engine.policy=file-manager", "sampling.max_new_tokens=8192",
+    "tasks.families=[retention]", "tasks.difficulty=easy", "tasks.count=4", "rollout.group_size=1",
+    "sft.lr=2.0e-3", "sft.epochs=1",
+]  # fmt: skip
+TRAIN = [
+    "engine.name=vllm", "engine.max_model_len=4096", "sampling.max_new_tokens=32", "tasks.families=[retention]",
+    "tasks.difficulty=easy", "tasks.count=1", "rollout.group_size=2", "rollout.max_steps=3",
+    "advantages.drop_zero_variance=none", "train.steps=2", "train.lr=1.0e-4", "train.save_every=1",
+]  # fmt: skip
+EVAL = ["eval.families=[retention]", "eval.difficulty=easy", "eval.split=dev", "eval.episodes=2"]
+BASELINES = ["engine.name=scripted", "sampling.max_new_tokens=8192", "eval.policies=[append,file-manager]"]
+EVOLVE = [
+    "engine.name=scripted", "engine.policy=file-manager", "sampling.max_new_tokens=8192",
+    "tasks.families=[offload,retention]", "tasks.difficulty=easy", "rollout.mode=file",
+    "evolve.rounds=1", "evolve.proposals=2", "evolve.train_tasks=2", "evolve.train_repeats=2",
+    "evolve.dev_tasks=4", "evolve.test_tasks=4", "evolve.policy_jitter=0.05",
+]  # fmt: skip
 
 
 def advantage_report(trajectories: Path) -> list[str]:
@@ -39,27 +82,82 @@ def advantage_report(trajectories: Path) -> list[str]:
     return lines
 
 
+class _Story:
+    """One line per stage on the terminal, with the stage's wall time."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.stage = 0
+        self.started = self.t0
+
+    def begin(self, text: str) -> None:
+        self.stage += 1
+        self.started = time.perf_counter()
+        print(f"[{self.stage}/{STAGES}] {text}", flush=True)
+
+    def end(self, text: str) -> None:
+        print(f"      {text} ({time.perf_counter() - self.started:.0f} s)", flush=True)
+
+
 def run_quickstart(args: argparse.Namespace) -> int:
-    """The CPU quickstart: every stage of the pipeline that exists, end to end, on the tiny model."""
+    """Entry point of ``ctxrl quickstart`` (see the module docstring)."""
+    from ctxrl.commands.eval import eval_command
+    from ctxrl.commands.evolve import evolve_command
+    from ctxrl.commands.sft import sft_command
+    from ctxrl.commands.train import train_command
+    from ctxrl.train.eval_table import markdown
+    from ctxrl.train.export import export_run
+    from ctxrl.train.report import write_report
+
     out: Path = prepare_out(args.out, overwrite=args.overwrite)
-    engine = next((o.split("=", 1)[1] for o in args.overrides if o.startswith("engine.name=")), "vllm")
-    print(f"[1/4] tiny model -> {out / 'model'}")
-    model_dir = ensure_tiny_model(out / "model")
-    print("[2/4] scripted reference policies on dev tasks: append-only vs the file-mode manager (ctxrl eval)")
-    eval_overrides = ["engine.name=scripted", "eval.policies=[append,file-manager]",
-                      "eval.families=[retention,board]", "eval.episodes=3", "eval.split=dev"]  # fmt: skip
-    eval_command(
-        load_run_config(None, eval_overrides),
-        out=out / "eval",
-        command=f"ctxrl eval {' '.join(eval_overrides)}",
-    )
-    print(f"[3/4] rollouts of the tiny model on the {engine} engine (ctxrl rollout)")
-    rollout_dir = out / "rollout"
-    rollout_overrides = [f"model={model_dir}", "tasks.families=[retention,board]", "tasks.count=2",
-                         "rollout.group_size=4", "rollout.max_steps=6", "sampling.max_new_tokens=64"]  # fmt: skip
-    rollout_command(load_run_config(None, [*rollout_overrides, *args.overrides]), rollout_dir)
-    print("[4/4] advantages per group (success first; cost re-ranks successes, on edit tokens only)")
-    for line in advantage_report(rollout_dir / "trajectories.jsonl"):
-        print(line)
-    print(f"done. run folder: {out}")
+    story = _Story()
+    train_overrides = [*TRAIN, *args.overrides]
+    train_config = load_run_config(None, train_overrides)  # a bad override fails before any stage runs
+    with library_logs_to(out / "logs.txt"):
+        story.begin(f"tiny model -> {out / 'model'}")
+        model = ensure_tiny_model(out / "model")
+        story.end("a random Qwen3, ~3 M parameters, built offline")
+
+        story.begin("demonstrations of the scripted file manager + SFT warm start (ctxrl sft)")
+        sft = sft_command(load_run_config(None, [f"model={model}", *SFT]), out / "sft")
+        story.end(f"loss {sft['loss_before']:.2f} -> {sft['loss_after']:.2f} on {sft['loss_tokens']} tokens")
+
+        story.begin(f"stepwise GRPO from the warm start on the {train_config.engine.name} engine (ctxrl train)")
+        train_command(load_run_config(None, [f"model={out / 'sft' / 'model'}", *train_overrides]), out / "train")
+        last = json.loads((out / "train" / "metrics.jsonl").read_text().splitlines()[-1])
+        story.end(
+            f"{int(last.get('step', 0)) + 1} steps; last: loss {last.get('loss/loss', float('nan')):.4f}, "
+            f"success {last.get('reward/success', 0.0):.2f}, packed/naive tokens "
+            f"{last.get('cost/packed_vs_naive_tokens', float('nan')):.2f}"
+        )
+
+        story.begin("export the checkpoint and verify it in vLLM (ctxrl export)")
+        exported = export_run(out / "train", out / "export")
+        check = exported.verification
+        story.end(f"max |logprob diff| vLLM vs checkpoint {check.max_logprob_diff:.1e}" if check else "written")
+
+        story.begin("the exported model vs the scripted baselines on dev tasks (ctxrl eval)")
+        model_eval = [f"model={out / 'export'}", "engine.name=hf", "eval.modes=[file]", *EVAL]
+        table = eval_command(load_run_config(None, model_eval))
+        table |= eval_command(load_run_config(None, [*BASELINES, *EVAL]))
+        (out / "eval").mkdir(exist_ok=True)
+        command = "ctxrl eval (quickstart: the exported model in file mode + append and file-manager)"
+        write_text(out / "eval" / "eval.json", json.dumps({"command": command, "summary": table}, indent=1))
+        write_text(out / "eval" / "eval.md", markdown(table) + "\n")
+        success = {name: rows["overall"]["success"] for name, rows in table.items()}
+        story.end(", ".join(f"{name} {value:.2f}" for name, value in success.items()))
+
+        story.begin("one round of skill evolution, offline proposer and held-out gate (ctxrl evolve)")
+        evolved = evolve_command(load_run_config(None, EVOLVE), out / "evolve")
+        test = evolved.get("test") or {}
+        story.end(
+            f"{evolved['rounds_finished']} round; incumbent {evolved['incumbent']} (seed {evolved['seed']}); "
+            f"test success seed {test.get('seed', {}).get('success', float('nan')):.2f} -> "
+            f"final {test.get('final', {}).get('success', float('nan')):.2f}"
+        )
+
+        story.begin("the report (ctxrl report)")
+        report = write_report(out)
+        story.end(f"{report}")
+    print(f"done in {time.perf_counter() - story.t0:.0f} s. report: {report}  logs: {out / 'logs.txt'}")
     return 0

@@ -331,8 +331,17 @@ def load_candidates(path: str | Path) -> tuple[list[Candidate] | None, str | Non
     return out, None
 
 
+def _find(folder: Path, name: str) -> Path | None:
+    """``folder/name``, else the first ``folder/<stage>/name`` (a pipeline's run folder holds one stage per
+    subfolder, as the quickstart's does), else None."""
+    if (folder / name).is_file():
+        return folder / name
+    return next((p for p in sorted(folder.glob(f"*/{name}")) if p.is_file()), None)
+
+
 def read_run(folder: str | Path) -> RunData:
-    """Read every input present in ``folder``; UsageError when the folder is missing or holds none."""
+    """Read every input present in ``folder`` (or in its stage subfolders, see :func:`_find`); UsageError
+    when the folder is missing or holds none."""
     folder = Path(folder)
     if not folder.exists():
         raise UsageError(f"run folder {folder} does not exist")
@@ -340,26 +349,27 @@ def read_run(folder: str | Path) -> RunData:
         raise UsageError(f"{folder} is not a folder; give the run folder")
     run = RunData(folder)
     found = False
-    if (folder / TRAJECTORIES).is_file():
+    trajectories = _find(folder, TRAJECTORIES)
+    if trajectories is not None:
         found = True
-        run.episodes = load_episodes(folder / TRAJECTORIES)
+        run.episodes = load_episodes(trajectories)
         if not run.episodes:
             run.notes.append(f"{TRAJECTORIES} holds no episodes.")
-    if (folder / METRICS).is_file():
+    metrics = _find(folder, METRICS)
+    if metrics is not None:
         found = True
-        run.metrics, ignored = load_metrics(folder / METRICS)
+        run.metrics, ignored = load_metrics(metrics)
         if ignored:
             run.notes.append(f"{METRICS}: non-numeric keys not plotted: {', '.join(ignored)}.")
-    for name in EVAL_FILES:
-        if (folder / name).is_file():
-            found = True
-            run.eval_path = folder / name
-            run.eval = load_eval(folder / name)
-            break
-    if any((folder / name).is_file() for name in EVOLVE_DBS):
+    evals = [p for p in (_find(folder, name) for name in EVAL_FILES) if p is not None]
+    if evals:
         found = True
-        db = next((folder / name for name in EVOLVE_DBS if (folder / name).is_file()), folder / EVOLVE_DB)
-        run.candidates, why = load_candidates(db)
+        run.eval_path = evals[0]
+        run.eval = load_eval(evals[0])
+    dbs = [p for p in (_find(folder, name) for name in EVOLVE_DBS) if p is not None]
+    if dbs:
+        found = True
+        run.candidates, why = load_candidates(dbs[0])
         if why:
             run.notes.append(f"Evolution section skipped: {why}.")
     if not found:
