@@ -9,12 +9,11 @@ import os
 import resource
 import socket
 import time
-import warnings
 from pathlib import Path
 
 import pytest
 
-from ctxrl.env.sandbox import CommandResult, Sandbox, SandboxConfig, sandbox_overhead_ms, truncate_output
+from ctxrl.env.sandbox import CommandResult, Sandbox, SandboxConfig, truncate_output
 from ctxrl.errors import SandboxError
 
 TIMEOUT_S = 1.5
@@ -241,16 +240,13 @@ def test_bad_config_values_are_rejected() -> None:
         SandboxConfig(max_processes=1)
 
 
-def test_overhead_is_measured() -> None:
-    overhead = sandbox_overhead_ms(3)
-    assert 0 < overhead < 1000
-
-
 @pytest.mark.parametrize("backend", ["none", "bwrap"])
 def test_quick_clean_exit_is_never_reported_as_killed(backend: str, tmp_path: Path) -> None:
     """Regression: a command that closes its output just before exiting used to be killed (exit 137)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        sandbox = Sandbox(tmp_path, SandboxConfig(backend=backend))  # type: ignore[arg-type]
+    if backend == "none":  # the unisolated backend says so (expected here, never silenced)
+        with pytest.warns(RuntimeWarning, match="unisolated"):
+            sandbox = Sandbox(tmp_path, SandboxConfig(backend="none"))
+    else:
+        sandbox = Sandbox(tmp_path, SandboxConfig(backend="bwrap"))
     codes = {sandbox.run("seq 1 30").exit_code for _ in range(60)}
     assert codes == {0}
