@@ -134,3 +134,12 @@ def test_the_counter_counts_what_the_prompt_holds(builder: PromptBuilder) -> Non
     anchor = builder.encode(builder.render([{"role": "user", "content": "."}]))
     assert counter.count_turn(turn) == len(plain) - len(anchor)
     assert specials(plain) == 4
+
+
+@pytest.mark.parametrize("name", ["ctxrl.env.special", "ctxrl.env.actions"])
+def test_doctests(name: str) -> None:
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.failed == 0 and result.attempted > 0
