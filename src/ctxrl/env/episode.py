@@ -160,14 +160,9 @@ class PromptBuilder:
         self.tokenizer = tokenizer
         self.counter = ChatTemplateCounter(tokenizer)
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
-        # A second Rust tokenizer that splits special tokens: the flag is state of the tokenizer object, so
-        # a copy keeps ``encode`` and ``encode_text`` thread-safe.
-        self._split_backend = None
-        if self._backend is not None:
-            from tokenizers import Tokenizer
-
-            self._split_backend = Tokenizer.from_str(self._backend.to_str())
-            self._split_backend.encode_special_tokens = True
+        self._split_backend: Any = None
+        """A copy of the Rust tokenizer that splits special tokens (built on first use by :meth:`encode_text`:
+        the flag is state of the tokenizer object, so a copy keeps ``encode`` and ``encode_text`` thread-safe)."""
         probe = self.render([{"role": "user", "content": "."}, {"role": "assistant", "content": _MARK}])
         if _MARK not in probe:
             raise ConfigError("the tokenizer's chat template does not render assistant message content")
@@ -204,9 +199,15 @@ class PromptBuilder:
     def encode_text(self, text: str) -> list[int]:
         """Token ids of plain ``text``: a special-token spelling in it is split into ordinary tokens, as a
         model writing those characters would produce them (markup tokens such as ``<tool_call>`` stay)."""
-        if self._split_backend is not None:
-            return list(self._split_backend.encode(text, add_special_tokens=False).ids)
-        return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+        if self._backend is None:
+            return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+        if self._split_backend is None:  # two threads may both build one: harmless, they are equal
+            from tokenizers import Tokenizer
+
+            split = Tokenizer.from_str(self._backend.to_str())
+            split.encode_special_tokens = True
+            self._split_backend = split
+        return list(self._split_backend.encode(text, add_special_tokens=False).ids)
 
     def count(self, text: str) -> int:
         """Tokens of ``text`` (the budget rule's counter)."""
