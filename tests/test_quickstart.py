@@ -1,11 +1,21 @@
-"""The quickstart's last stage: per-group advantages read back from a trajectory file."""
+"""The quickstart: its last stage (per-group advantages read back from a trajectory file), the tiny-model
+step (``ensure_tiny_model``), and the whole ``ctxrl quickstart`` command."""
 
 from __future__ import annotations
 
+import hashlib
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+
+from ctxrl.commands.common import ensure_tiny_model
 from ctxrl.commands.quickstart import advantage_report
-from ctxrl.train.trajectory import EpisodeRecord, StepCost, StepRecord, save_trajectories
+from ctxrl.train.trajectory import EpisodeRecord, StepCost, StepRecord, load_trajectories, save_trajectories
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _episode(group: int, index: int, success: bool, flops: float, mask: list[int]) -> EpisodeRecord:
@@ -42,3 +52,55 @@ def test_advantage_report_reads_groups_back(tmp_path: Path) -> None:
     assert lines[1].startswith(
         "  group 1 (retention): 0/2 solved, task adv [0.0, 0.0], efficiency adv [0.0, 0.0]"
     )
+
+
+@pytest.mark.slow
+def test_ctxrl_quickstart_runs_every_stage(tmp_path: Path) -> None:
+    """``ctxrl quickstart`` as a user runs it (the vLLM engine; ~2-4 minutes here), as its own process."""
+    out = tmp_path / "qs"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run(
+        [sys.executable, "-m", "ctxrl.cli", "quickstart", "--out", str(out)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    stages = [line for line in done.stdout.splitlines() if line.startswith("[")]
+    assert [s[:5] for s in stages[:4]] == ["[1/4]", "[2/4]", "[3/4]", "[4/4]"]
+    assert (out / "model" / "config.json").is_file()
+    # eval: two policies x two families x three episodes
+    assert len(load_trajectories(out / "eval" / "trajectories.jsonl")) == 2 * 2 * 3
+    # rollout: two tasks (retention, board) x a group of four, on the vLLM engine
+    episodes = load_trajectories(out / "rollout" / "trajectories.jsonl")
+    assert len(episodes) == 2 * 4 and {ep.engine for ep in episodes} == {"vllm"}
+    assert {ep.family for ep in episodes} == {"retention", "board"}
+    assert all(1 <= len(ep.steps) <= 6 for ep in episodes)
+    groups = [line for line in done.stdout.splitlines() if line.startswith("  group ")]
+    assert [g.split(":")[0] for g in groups] == ["  group 0 (retention)", "  group 1 (board)"]
+    assert done.stdout.rstrip().endswith(f"done. run folder: {out}")
+
+
+def test_ensure_tiny_model_builds_once_and_keeps_a_model_that_is_there(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    folder = ensure_tiny_model(tmp_path / "m")
+    assert _digest(folder) == _digest(tiny_model_dir)  # seed 0: the same bytes as the session's model
+    (folder / "marker.txt").write_text("kept")
+    before = (folder / "model.safetensors").stat().st_mtime_ns
+    assert ensure_tiny_model(folder) == folder
+    assert (folder / "marker.txt").read_text() == "kept"  # nothing rebuilt
+    assert (folder / "model.safetensors").stat().st_mtime_ns == before
+    # a folder without a model (say, a half-written one) is rebuilt from scratch
+    stale = tmp_path / "stale"
+    stale.mkdir()
+    (stale / "junk.bin").write_bytes(b"x")
+    assert ensure_tiny_model(stale, seed=1) == stale
+    assert (stale / "config.json").is_file() and not (stale / "junk.bin").exists()
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(folder.iterdir())}

@@ -1,12 +1,11 @@
 """Fixtures of the harness tests: a token counter on the tiny tokenizer and a harness factory.
 
 Commands run with the sandbox's ``none`` backend (these tests are about the harness, not isolation), which
-warns by design on every episode; the warning is silenced here.
+warns by design on every episode; the factory checks that it does (the warning is expected, not silenced).
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,8 +33,10 @@ def make_harness(counter: ChatTemplateCounter, tmp_path: Path) -> Callable[..., 
     def make(**fields: Any) -> Harness:
         fields.setdefault("sandbox", SandboxConfig(backend="none", timeout_s=20))
         harness = Harness(HarnessConfig(**fields), counter)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
+        if fields["sandbox"].backend == "none":  # the unisolated backend must say so, every episode
+            with pytest.warns(RuntimeWarning, match="unisolated"):
+                harness.reset(SYSTEM, TASK, tmp_path / "ws")
+        else:
             harness.reset(SYSTEM, TASK, tmp_path / "ws")
         return harness
 

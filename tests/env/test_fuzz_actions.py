@@ -22,6 +22,7 @@ import pytest
 
 from ctxrl.env.config import HarnessConfig
 from ctxrl.env.context import ChatTemplateCounter, ToolCall
+from ctxrl.env.episode import PromptBuilder
 from ctxrl.env.harness import Action, Harness
 from ctxrl.env.modes import make_mode
 from ctxrl.env.sandbox import SandboxConfig
@@ -99,8 +100,12 @@ def _action(r: random.Random, mode: str, lm_call: int) -> Action | dict[str, Any
     return Action(_text(r), calls)
 
 
-def _check(h: Harness, prefix: list[dict[str, Any]]) -> None:
+def _check(h: Harness, prefix: list[dict[str, Any]], builder: PromptBuilder, specials: set[int]) -> None:
     messages = h.context.to_messages()
+    # The prompt's control tokens are the template's own (two per message, one for the generation prompt),
+    # whatever special-token text the actions and their results hold.
+    prompt = builder.full(messages, h.tools)
+    assert sum(1 for i in prompt if i in specials) == 2 * len(messages) + 1
     assert messages[:2] == prefix
     assert all(m["role"] != "system" for m in messages[2:])
     ids: list[str] = []
@@ -124,6 +129,8 @@ def test_malformed_actions_never_escape_a_step(
 ) -> None:
     cfg = HarnessConfig(budget=6000, reserve=1024, rollback_margin=512, sandbox=SandboxConfig(timeout_s=30))
     harness = Harness(cfg, counter, make_mode(mode, cfg))
+    builder = PromptBuilder(counter.tokenizer)
+    specials = {counter.tokenizer.convert_tokens_to_ids(t) for t in counter.spellings.tokens}
     steps = 0
     for episode in range(EPISODES):
         r = random.Random(f"{mode}-{episode}")
@@ -135,7 +142,7 @@ def test_malformed_actions_never_escape_a_step(
             action = _action(r, mode, step + 1)
             try:
                 result = harness.step(action)
-                _check(harness, prefix)
+                _check(harness, prefix, builder, specials)
             except Exception as exc:
                 raise AssertionError(f"{mode} episode {episode} step {step}: {action!r:.300}") from exc
             steps += 1

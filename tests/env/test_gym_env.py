@@ -28,9 +28,17 @@ def _env(tokenizer: Any, tmp_path: Path, family: str, mode: str) -> ContextEnv:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_check_env_and_determinism(family: str, mode: str, tiny_tokenizer: Any, tmp_path: Path) -> None:
     env = _env(tiny_tokenizer, tmp_path, family, mode)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    # Gymnasium's checker reports most contract problems as warnings: any of them fails the test
+    # (library deprecations aside, which the suite ignores everywhere).
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         check_env(env, skip_render_check=True, skip_close_check=True)
+    flagged = [
+        f"{w.category.__name__}: {w.message}"
+        for w in caught
+        if not issubclass(w.category, DeprecationWarning)
+    ]
+    assert flagged == []
 
     def run() -> list[str]:
         obs, info = env.reset(seed=7)

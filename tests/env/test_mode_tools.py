@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -13,8 +14,7 @@ from ctxrl.env.context import ChatTemplateCounter, ToolCall
 from ctxrl.env.harness import Action, Harness, StepResult
 from ctxrl.env.mode_config import ModesConfig, ToolsModeConfig
 from ctxrl.env.modes import ToolsMode, make_mode
-from ctxrl.env.modes.tools import message_handle
-from ctxrl.env.overflow import STUB_RE, body_id
+from ctxrl.env.overflow import STUB_RE
 from ctxrl.env.receipts import ReceiptKind
 from ctxrl.env.sandbox import CommandResult, SandboxConfig
 
@@ -54,6 +54,12 @@ def make(
     return harness
 
 
+def sha256_hex(text: str) -> str:
+    """The overflow store's content address, written from its contract (SHA-256 of the UTF-8 bytes, hex)
+    rather than read from the code under test."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 def call(harness: Harness, *calls: tuple[str, dict[str, Any]], text: str = "") -> StepResult:
     return harness.step(Action(text, tuple(ToolCall.make("", name, args) for name, args in calls)))
 
@@ -82,7 +88,7 @@ def test_drop_by_call_id_leaves_the_standard_stub(h: Harness) -> None:
     stub = tool_turn(h, "call_1_0")
     match = STUB_RE.fullmatch(stub)
     assert match is not None, stub
-    assert match["id"] == body_id(body)
+    assert match["id"] == sha256_hex(body)
     assert (match["tool"], match["call_id"], match["storage"]) == ("shell", "call_1_0", "disk")
     assert int(match["bytes"]) == len(body.encode())
     assert result.receipts[0].kind == ReceiptKind.APPLIED
@@ -108,7 +114,9 @@ def test_message_handle_names_a_message_without_a_call_id(h: Harness) -> None:
     h.step(Action("thinking out loud, no tool call"))  # the harness answers with a user note
     note = h.context.turns[-1]
     assert note.role == "user"
-    call(h, ("context_drop", {"handles": [message_handle(note)]}))
+    # the handle from its contract: "m" + the first 8 hex digits of SHA-256 of "role\ncontent"
+    handle = "m" + hashlib.sha256(f"user\n{note.content}".encode()).hexdigest()[:8]
+    call(h, ("context_drop", {"handles": [handle]}))
     stub = h.context.turns[1].content
     match = STUB_RE.match(stub)
     assert match is not None and (match["tool"], match["call_id"]) == ("-", "-")
@@ -160,7 +168,8 @@ def test_an_approval_the_model_used_is_no_longer_pending(h: Harness) -> None:
 def test_refuses_the_models_own_message(h: Harness) -> None:
     call(h, ("shell", {"command": "echo hi"}), text="my plan")
     mine = next(t for t in h.context.turns if t.role == "assistant")
-    result = call(h, ("context_drop", {"handles": [message_handle(mine)]}))
+    handle = "m" + hashlib.sha256(f"assistant\n{mine.content}".encode()).hexdigest()[:8]
+    result = call(h, ("context_drop", {"handles": [handle]}))
     assert "refused, your own message" in result.observations[0]
 
 
@@ -171,7 +180,7 @@ def test_read_overflow_restores_the_body_exactly(h: Harness) -> None:
     call(h, ("shell", {"command": "emit 2500"}))
     body = tool_turn(h, "call_1_0")
     call(h, ("context_drop", {"handles": ["call_1_0"]}))
-    oid = body_id(body)
+    oid = sha256_hex(body)
     assert call(h, ("read_overflow", {"id": oid})).observations[0].startswith(body)
     assert call(h, ("read_overflow", {"id": oid[:10]})).observations[0].startswith(body)
     workspace = h._live().workspace
@@ -194,7 +203,7 @@ def test_memory_only_stubs_say_the_body_cannot_be_restored(
     stub = tool_turn(h, "call_1_0")
     assert "storage=memory-only" in stub and "cannot be restored" in stub
     assert not (tmp_path / "ws.overflow").exists()
-    out = call(h, ("read_overflow", {"id": body_id(body)})).observations[0]
+    out = call(h, ("read_overflow", {"id": sha256_hex(body)})).observations[0]
     assert "cannot be restored" in out and body not in out
 
 
@@ -214,7 +223,7 @@ def test_note_layout(h: Harness) -> None:
     lines = note.splitlines()
     assert lines[0] == "[note] built, wrote, filed"
     stub_ids = [STUB_RE.fullmatch(line)["id"] for line in lines[1:4]]  # type: ignore[index]
-    assert stub_ids == [body_id(o) for o in originals]
+    assert stub_ids == [sha256_hex(o) for o in originals]
     assert lines[4] == "Preserved (compaction-safe):"
     assert {"- 3b1c9f2a7d", "- src/app/main.py", "- approval_id=ap-9"} <= set(lines[5:])
     for i in (2, 3):
@@ -222,7 +231,7 @@ def test_note_layout(h: Harness) -> None:
         assert "\n" not in other and STUB_RE.match(other)
         assert other.endswith("(summarised in the note at call_1_0)")
     for o in originals:
-        assert call(h, ("read_overflow", {"id": body_id(o)})).observations[0].startswith(o)
+        assert call(h, ("read_overflow", {"id": sha256_hex(o)})).observations[0].startswith(o)
 
 
 def test_note_longer_than_4000_characters_gets_a_format_receipt(h: Harness) -> None:

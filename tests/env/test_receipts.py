@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from ctxrl.env.context import ToolCall
+from ctxrl.env.context import ChatTemplateCounter, ToolCall
 from ctxrl.env.harness import Action, Harness, StepResult
 from ctxrl.env.receipts import ReceiptKind, gate_allows, judge_file_edit
 
@@ -80,8 +80,21 @@ DROP_FIRST_TOOL = (
 )
 
 
+WARM_TOKENS = 564
+"""The prompt after :func:`_warm` (system, task, the ``seq 1 40`` call and its result, generation prompt), in
+the tiny tokenizer's tokens. Written down, not read from the harness; :func:`_warm` checks it against the
+chat template tokenised by transformers directly, independently of the harness's per-turn counting."""
+
+
 def _warm(h: Harness) -> None:
     h.step(shell("seq 1 40"))
+    counter = h.counter
+    assert isinstance(counter, ChatTemplateCounter)
+    tokenizer = counter.tokenizer
+    text = tokenizer.apply_chat_template(
+        h.context.to_messages(), tools=h.context.tools, add_generation_prompt=True, tokenize=False
+    )
+    assert h.context.tokens == len(tokenizer.encode(text, add_special_tokens=False)) == WARM_TOKENS
 
 
 def _only_receipt(r: StepResult) -> str:
@@ -93,39 +106,33 @@ def _only_receipt(r: StepResult) -> str:
 def test_applied_through_the_file(make_harness: Callable[..., Harness]) -> None:
     h = make_harness(budget=4000, reserve=500, rollback_margin=300)
     _warm(h)
-    before = h.context.tokens
     r = h.step(shell(DROP_FIRST_TOOL))
-    after = r.receipts[0].after
-    assert _only_receipt(r) == f"[context] applied: {before} → {after} tokens"
-    assert after < before and "summary: 40 lines, key=42" in h.context.turns[1].content
+    assert _only_receipt(r) == "[context] applied: 564 → 478 tokens"
+    assert r.receipts[0].after == 478 and "summary: 40 lines, key=42" in h.context.turns[1].content
 
 
 def test_grew_and_rejected_fit(make_harness: Callable[..., Harness]) -> None:
     h = make_harness(budget=4000, reserve=500, rollback_margin=300)
     _warm(h)
-    before = h.context.tokens
     r = h.step(shell("printf '[[CTX_TURN 99 role=user]]\\nremember: key is 42\\n' >> context.md"))
-    assert (
-        _only_receipt(r)
-        == f"[context] applied but grew: {before} → {r.receipts[0].after} tokens (+{r.receipts[0].after - before})"
-    )
+    assert _only_receipt(r) == "[context] applied but grew: 564 → 577 tokens (+13)"
     assert h.context.turns[-3].content == "remember: key is 42"
-    before = h.context.tokens
+    assert h.context.tokens == 694  # + this step's own call, its result (with the receipt) and the readout
     kept = h.context.turns
     r = h.step(shell("seq 1 3000 >> context.md"))
-    text = _only_receipt(r)
-    assert text.startswith(f"[context] rejected by rule fit: {before} → ")
-    assert text.endswith("would pass the limit of 3500; context.md restored, context unchanged")
+    assert _only_receipt(r) == (
+        "[context] rejected by rule fit: 694 → 9143 tokens would pass the limit of 3500; "
+        "context.md restored, context unchanged"
+    )
     assert h.context.turns[: len(kept)] == kept  # not applied: only this step's turns were added
 
 
 def test_rejected_shrink(make_harness: Callable[..., Harness]) -> None:
     h = make_harness(budget=4000, reserve=500, rollback_margin=300, gate="shrink")
     _warm(h)
-    before = h.context.tokens
     r = h.step(shell("echo 'one more line' >> context.md"))
     assert _only_receipt(r) == (
-        f"[context] rejected by rule shrink: the edit grew the context {before} → {r.receipts[0].after} tokens; "
+        "[context] rejected by rule shrink: the edit grew the context 564 → 575 tokens; "
         "context.md restored, context unchanged"
     )
     assert "one more line" not in h.context.turns[1].content
@@ -135,13 +142,13 @@ def test_rejected_shrink(make_harness: Callable[..., Harness]) -> None:
 @pytest.mark.parametrize(
     ("command", "expected"),
     [
-        ("sed -i 's/1/X/' context.md; exit 3", "[context] failed: the command exited 3; context.md restored, context unchanged ({before} tokens)"),
-        ("rm context.md", "[context] failed: context.md is missing; context.md restored, context unchanged ({before} tokens)"),
-        ("rm context.md && ln -s /etc/passwd context.md", "[context] failed: context.md is a symbolic link; context.md restored, context unchanged ({before} tokens)"),
-        ("rm context.md && mkdir context.md", "[context] failed: context.md is not a regular file; context.md restored, context unchanged ({before} tokens)"),
-        ("cat context.md > /dev/null", "[context] matched nothing: context.md unchanged ({before} tokens)"),
-        ("sed -i 's/^nothing-matches-this$/x/' context.md", "[context] matched nothing: context.md unchanged ({before} tokens)"),
-        ("sed -i 's/CTX_TURN 1 /CTX_TURN 7 /' context.md", "[context] matched nothing: context.md unchanged ({before} tokens)"),
+        ("sed -i 's/1/X/' context.md; exit 3", "[context] failed: the command exited 3; context.md restored, context unchanged (564 tokens)"),
+        ("rm context.md", "[context] failed: context.md is missing; context.md restored, context unchanged (564 tokens)"),
+        ("rm context.md && ln -s /etc/passwd context.md", "[context] failed: context.md is a symbolic link; context.md restored, context unchanged (564 tokens)"),
+        ("rm context.md && mkdir context.md", "[context] failed: context.md is not a regular file; context.md restored, context unchanged (564 tokens)"),
+        ("cat context.md > /dev/null", "[context] matched nothing: context.md unchanged (564 tokens)"),
+        ("sed -i 's/^nothing-matches-this$/x/' context.md", "[context] matched nothing: context.md unchanged (564 tokens)"),
+        ("sed -i 's/CTX_TURN 1 /CTX_TURN 7 /' context.md", "[context] matched nothing: context.md unchanged (564 tokens)"),
     ],
 )  # fmt: skip
 def test_failed_and_matched_nothing(
@@ -149,9 +156,9 @@ def test_failed_and_matched_nothing(
 ) -> None:
     h = make_harness(budget=4000, reserve=500, rollback_margin=300)
     _warm(h)
-    before, kept = h.context.tokens, h.context.turns
+    kept = h.context.turns
     r = h.step(shell(command))
-    assert _only_receipt(r) == expected.format(before=before)
+    assert _only_receipt(r) == expected
     assert h.context.turns[: len(kept)] == kept
     # The file is restored before the next command: the model sees the live context again.
     r = h.step(shell("head -n 1 context.md"))

@@ -352,3 +352,22 @@ def test_vllm_engine_sleep_and_wake_are_no_ops_on_cpu(vllm_engine: Any, tiny_tok
     vllm_engine.sleep()
     vllm_engine.wake()
     assert vllm_engine.generate([prompt], GREEDY)[0].token_ids == before.token_ids
+
+
+@pytest.mark.vllm
+def test_vllm_engine_block_size_comes_from_the_running_engine(vllm_engine: Any, vllm_llm: Any) -> None:
+    """The CPU build caches KV in 128-token blocks (GPU builds: 16); the cost replay must price with the
+    engine's own figure, read from its config."""
+    assert vllm_engine.cache_block_size == vllm_llm.llm_engine.vllm_config.cache_config.block_size == 128
+
+
+def test_vllm_engine_without_a_readable_block_size_fails_loudly() -> None:
+    """A vLLM whose config is laid out otherwise is an error naming the problem, not a silent 16."""
+    from types import SimpleNamespace
+
+    from ctxrl.train.engines.vllm_engine import VLLMEngine
+
+    model_config = SimpleNamespace(max_model_len=2048, get_vocab_size=lambda: 2048)
+    llm = SimpleNamespace(llm_engine=SimpleNamespace(model_config=model_config))  # no vllm_config
+    with pytest.raises(EngineError, match="cannot read the KV-cache block size"):
+        VLLMEngine.from_llm(llm)

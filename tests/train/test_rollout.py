@@ -231,6 +231,86 @@ def test_context_past_max_model_len_ends_the_episode(tiny_tokenizer: Any, tmp_pa
     assert not any((tmp_path / "ws").iterdir())  # workspaces removed
 
 
+def test_an_exception_in_one_episode_aborts_only_that_episode(
+    tiny_tokenizer: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A step that raises (episode 0/1, second step) and a grading that raises (episode 1/0): both end
+    ``aborted`` with the cause logged and kept in the verdict; the other episodes run to their submit."""
+    from ctxrl.env.episode import TaskEpisode
+
+    real_step, real_finish = TaskEpisode.step, TaskEpisode.finish
+    steps_seen: dict[str, int] = {}
+
+    def step(self: TaskEpisode, generated: Any, *, stopped: bool = True) -> Any:
+        n = steps_seen[self.workspace.name] = steps_seen.get(self.workspace.name, 0) + 1
+        if self.workspace.name == "task0000-ep01" and n == 2:
+            raise RuntimeError("boom in a step")
+        return real_step(self, generated, stopped=stopped)
+
+    def finish(self: TaskEpisode) -> Any:
+        if self.workspace.name == "task0001-ep00":
+            raise ValueError("boom in grading")
+        return real_finish(self)
+
+    monkeypatch.setattr(TaskEpisode, "step", step)
+    monkeypatch.setattr(TaskEpisode, "finish", finish)
+    engine = ScriptedEngine(scripted_file_policy(tiny_tokenizer), tiny_tokenizer, max_model_len=8192)
+    tasks = [make_task("retention", 1, "easy"), make_task("retention", 2, "easy")]
+    with caplog.at_level("WARNING", logger="ctxrl.train.rollout"):
+        result = rollout(
+            engine,
+            tiny_tokenizer,
+            tasks,
+            RolloutConfig(group_size=2),
+            workdir=tmp_path / "ws",
+            sampling=SamplingConfig(max_new_tokens=128),
+        )
+    by = {(ep.group, ep.index): ep for ep in result.episodes}
+    assert len(by) == 4
+    stepped = by[(0, 1)]
+    assert stepped.end_reason == "aborted" and not stepped.success and stepped.reward == 0.0
+    assert stepped.verdict == "aborted: step raised RuntimeError: boom in a step"
+    assert len(stepped.steps) == 2 and stepped.steps[1].receipts == [] and stepped.steps[1].token_ids
+    graded = by[(1, 0)]
+    assert graded.end_reason == "aborted" and graded.answer == "nothing kept" and not graded.success
+    assert graded.verdict == "aborted: grading raised ValueError: boom in grading"
+    for key in [(0, 0), (1, 1)]:
+        assert by[key].end_reason == "submit" and len(by[key].steps) == 4
+    assert result.stats.env_steps == 4 + 1 + 4 + 4
+    logged = [r.getMessage() for r in caplog.records]
+    assert any(tasks[0].task_id in m and "RuntimeError: boom in a step" in m for m in logged)
+    assert any(tasks[1].task_id in m and "ValueError: boom in grading" in m for m in logged)
+    assert not any((tmp_path / "ws").iterdir())  # every workspace removed, the aborted ones too
+
+
+def test_an_episode_that_fails_to_reset_is_aborted_and_the_rest_run(
+    tiny_tokenizer: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ctxrl.env.episode import TaskEpisode
+
+    real_reset = TaskEpisode.reset
+
+    def reset(self: TaskEpisode) -> Any:
+        if self.workspace.name == "task0000-ep00":
+            raise OSError("no space left on device")
+        return real_reset(self)
+
+    monkeypatch.setattr(TaskEpisode, "reset", reset)
+    engine = ScriptedEngine(scripted_file_policy(tiny_tokenizer), tiny_tokenizer, max_model_len=8192)
+    result = rollout(
+        engine,
+        tiny_tokenizer,
+        [make_task("retention", 1, "easy")],
+        RolloutConfig(group_size=2),
+        workdir=tmp_path / "ws",
+        sampling=SamplingConfig(max_new_tokens=128),
+    )
+    first, second = result.episodes
+    assert (first.end_reason, first.steps, first.success) == ("aborted", [], False)
+    assert first.verdict == "aborted: reset raised OSError: no space left on device"
+    assert second.end_reason == "submit" and len(second.steps) == 4
+
+
 # -------------------------------------------------------------------------------------- in-process vLLM
 
 

@@ -122,8 +122,12 @@ def run_quickstart(args: argparse.Namespace) -> int:
         sft = sft_command(load_run_config(None, [f"model={model}", *SFT]), out / "sft")
         story.end(f"loss {sft['loss_before']:.2f} -> {sft['loss_after']:.2f} on {sft['loss_tokens']} tokens")
 
-        story.begin(f"stepwise GRPO from the warm start on the {train_config.engine.name} engine (ctxrl train)")
-        train_command(load_run_config(None, [f"model={out / 'sft' / 'model'}", *train_overrides]), out / "train")
+        story.begin(
+            f"stepwise GRPO from the warm start on the {train_config.engine.name} engine (ctxrl train)"
+        )
+        train_command(
+            load_run_config(None, [f"model={out / 'sft' / 'model'}", *train_overrides]), out / "train"
+        )
         last = json.loads((out / "train" / "metrics.jsonl").read_text().splitlines()[-1])
         story.end(
             f"{int(last.get('step', 0)) + 1} steps; last: loss {last.get('loss/loss', float('nan')):.4f}, "
@@ -134,7 +138,9 @@ def run_quickstart(args: argparse.Namespace) -> int:
         story.begin("export the checkpoint and verify it in vLLM (ctxrl export)")
         exported = export_run(out / "train", out / "export")
         check = exported.verification
-        story.end(f"max |logprob diff| vLLM vs checkpoint {check.max_logprob_diff:.1e}" if check else "written")
+        story.end(
+            f"max |logprob diff| vLLM vs checkpoint {check.max_logprob_diff:.1e}" if check else "written"
+        )
 
         story.begin("the exported model vs the scripted baselines on dev tasks (ctxrl eval)")
         model_eval = [f"model={out / 'export'}", "engine.name=hf", "eval.modes=[file]", *EVAL]

@@ -26,6 +26,26 @@ _EOS_MARKERS = ("<|im_end|>", "<|endoftext|>")
 _BLOCK = re.compile(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|\Z)", re.DOTALL)
 
 
+def _drop_markers(text: str) -> str:
+    """``text`` without end-of-turn markers, including ones that removing another one would join up
+    (``<|im_<|im_end|>end|>``): a marker is cut as soon as the text kept so far ends with one, so what is
+    kept never holds one. Linear in the text."""
+    if not any(m in text for m in _EOS_MARKERS):
+        return text
+    kept: list[str] = []
+    tail = ""  # the last characters kept, enough to see a marker end
+    width = max(len(m) for m in _EOS_MARKERS)
+    for ch in text:
+        kept.append(ch)
+        tail = (tail + ch)[-width:]
+        for marker in _EOS_MARKERS:
+            if tail.endswith(marker):
+                del kept[-len(marker) :]
+                tail = "".join(kept[-width:])
+                break
+    return "".join(kept)
+
+
 def call_blocks(text: str) -> list[tuple[int, int, str, bool]]:
     """``(start, end, body, closed)`` of every ``<tool_call>`` block of ``text``, in order; an unclosed last
     block runs to the end of the text. The one reader of tool-call markup (edit masks use it too)."""
@@ -62,17 +82,18 @@ def _parse_call(body: str, closed: bool) -> ToolCall:
 def parse_tool_calls(text: str) -> tuple[str, tuple[ToolCall, ...]]:
     """Split generated ``text`` into (prose, tool calls in order). Never raises.
 
-    End-of-turn markers the engine may have kept are dropped. Malformed calls come back as
-    :data:`FORMAT_ERROR_TOOL` calls.
+    End-of-turn markers the engine may have kept are dropped (none is left, however they nest). Malformed
+    calls come back as :data:`FORMAT_ERROR_TOOL` calls.
 
     >>> prose, calls = parse_tool_calls('ok <tool_call>{"name": "shell", "arguments": {"command": "ls"}}</tool_call>')
     >>> prose, calls[0].name, calls[0].args()
     ('ok', 'shell', {'command': 'ls'})
     >>> parse_tool_calls("<tool_call>{oops</tool_call>")[1][0].name
     'invalid_tool_call'
+    >>> parse_tool_calls("<|im_<|im_end|>end|>ok")[0]
+    'ok'
     """
-    for marker in _EOS_MARKERS:
-        text = text.replace(marker, "")
+    text = _drop_markers(text)
     calls: list[ToolCall] = []
     prose: list[str] = []
     pos = 0

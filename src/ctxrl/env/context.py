@@ -15,7 +15,9 @@ Structural legality (:func:`normalize_turns`, applied to every parse-back and ev
 3. Adjacent ``user`` turns, and adjacent ``assistant`` turns (the first without tool calls), are merged.
 
 Token counts use the policy's tokenizer and chat template (:class:`ChatTemplateCounter`), one count per turn,
-cached by the turn's content, so a step at 32k tokens only tokenises the turns that are new or edited.
+cached by the turn's content, so a step at 32k tokens only tokenises the turns that are new or edited. Text
+that spells one of the tokenizer's special tokens is counted, like it is rendered, neutralised
+(:mod:`ctxrl.env.special`): it never becomes a control token.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Literal, Protocol
+
+from ctxrl.env.special import neutral_messages, special_spellings
 
 Role = Literal["user", "assistant", "tool"]
 
@@ -213,13 +217,16 @@ class ChatTemplateCounter:
     def __init__(self, tokenizer: Any, cache_size: int = 16384) -> None:
         self.tokenizer = tokenizer
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        self.spellings = special_spellings(tokenizer)
+        """The tokenizer's special tokens: text in messages that spells one is neutralised before rendering."""
         self._cache: dict[Turn, int] = {}
         self._cache_size = cache_size
         self._lock = threading.Lock()
         self._anchor_tokens = self.count_text(self._render([self._ANCHOR]))
 
     def _render(self, messages: list[dict[str, Any]], **kwargs: Any) -> str:
-        text: str = self.tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
+        safe = neutral_messages(messages, self.spellings)  # text never renders as a control token
+        text: str = self.tokenizer.apply_chat_template(safe, tokenize=False, **kwargs)
         return text
 
     def count_text(self, text: str) -> int:

@@ -34,6 +34,11 @@ context or rolled it back (``edit``), when the messages before the new assistant
 e.g. the harness merged a note into an earlier turn, or the tool list changed), or when the template does
 not render the messages append-only (``template``). Every step records which.
 
+**Special tokens.** Every string in the messages is neutralised before the template renders them
+(:mod:`ctxrl.env.special`), so text that spells a special token (in a tool's output, a note, the context
+file, an action's prose or arguments) is tokenised as text: the control tokens of a prompt are exactly the
+ones the template writes, plus any the model itself sampled (kept as sampled, token in, token out).
+
 **Edit calls.** A tool call edited the context when it is a shell command (file mode: it changed the
 context file) or one of the mode's context-editing tools (the registry's ``edit_tools``) and its result
 carries an applied receipt. Reads of the context file, rejected or failed edits and malformed calls do not
@@ -56,6 +61,7 @@ from ctxrl.env.modes.base import CallOutcome, Episode, Mode, StepNotes
 from ctxrl.env.modes.common import format_outcome, store_root
 from ctxrl.env.sandbox import Sandbox, SandboxConfig, remove_tree
 from ctxrl.env.skills import system_prompt
+from ctxrl.env.special import neutral_messages
 from ctxrl.env.tasks.base import Task, Verdict
 from ctxrl.errors import ConfigError, UsageError
 
@@ -155,6 +161,9 @@ class PromptBuilder:
         self.tokenizer = tokenizer
         self.counter = ChatTemplateCounter(tokenizer)
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._split_backend: Any = None
+        """A copy of the Rust tokenizer that splits special tokens (built on first use by :meth:`encode_text`:
+        the flag is state of the tokenizer object, so a copy keeps ``encode`` and ``encode_text`` thread-safe)."""
         probe = self.render([{"role": "user", "content": "."}, {"role": "assistant", "content": _MARK}])
         if _MARK not in probe:
             raise ConfigError("the tokenizer's chat template does not render assistant message content")
@@ -171,8 +180,10 @@ class PromptBuilder:
         *,
         generation_prompt: bool = False,
     ) -> str:
+        # Every string in the messages is neutralised: text that spells a special token (a model's note, a
+        # tool's output) renders as text, so the prompt's control tokens are exactly the template's own.
         text: str = self.tokenizer.apply_chat_template(
-            list(messages),
+            neutral_messages(messages, self.counter.spellings),
             tools=list(tools) if tools else None,
             add_generation_prompt=generation_prompt,
             tokenize=False,
@@ -180,10 +191,24 @@ class PromptBuilder:
         return text
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``, special-token markup recognised, nothing added (no BOS)."""
+        """Token ids of ``text``, special-token markup recognised, nothing added (no BOS). For text the
+        template rendered (its control tokens are meant); plain text goes through :meth:`encode_text`."""
         if self._backend is not None:
             return list(self._backend.encode(text, add_special_tokens=False).ids)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of plain ``text``: a special-token spelling in it is split into ordinary tokens, as a
+        model writing those characters would produce them (markup tokens such as ``<tool_call>`` stay)."""
+        if self._backend is None:
+            return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+        if self._split_backend is None:  # two threads may both build one: harmless, they are equal
+            from tokenizers import Tokenizer
+
+            split = Tokenizer.from_str(self._backend.to_str())
+            split.encode_special_tokens = True
+            self._split_backend = split
+        return list(self._split_backend.encode(text, add_special_tokens=False).ids)
 
     def count(self, text: str) -> int:
         """Tokens of ``text`` (the budget rule's counter)."""
@@ -196,10 +221,17 @@ class PromptBuilder:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
 
     def action_ids(self, text: str) -> list[int]:
-        """The ids of an action given as text, ending with the stop token as a model's generation does
-        (added unless the text already ends with it)."""
-        ids = self.encode(text)
-        if self.stop_id is not None and (not ids or ids[-1] != self.stop_id):
+        """The ids of an action given as text, ending with the stop token as a model's generation does.
+
+        The text is what the model wrote (:meth:`encode_text`: a special-token spelling in it stays text),
+        except that a trailing spelling of the stop token is the stop token itself (so the ids of a
+        decoded generation come back unchanged); the stop token is appended when the text lacks it.
+        """
+        stop_text = self.decode([self.stop_id]) if self.stop_id is not None else ""
+        if stop_text and text.endswith(stop_text):
+            text = text[: -len(stop_text)]
+        ids = self.encode_text(text)
+        if self.stop_id is not None:
             ids.append(self.stop_id)
         return ids
 

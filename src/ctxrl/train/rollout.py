@@ -25,11 +25,18 @@ released while they run); steps never overlap the generate call they depend on.
 next prompt leaves no room for one new token under ``engine.max_model_len`` ends with ``max_model_len``
 before any call (and an engine-aborted generation ends it with ``aborted``); it is scored with an empty
 answer. Nothing waits on such an episode: the loop ends when no episode is live.
+
+**One episode never kills the batch.** An unexpected exception while resetting or stepping an episode (a
+bug, an environment fault the harness did not turn into a receipt) ends that episode with ``aborted``; an
+exception while grading it gives it a failed verdict and the ``aborted`` reason too. Either way the cause
+(exception type and message) is logged as a warning with the task id and kept in the record's ``verdict``,
+and the other episodes go on.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import tempfile
 import time
@@ -42,7 +49,7 @@ from typing import Any
 from ctxrl.env.config import HarnessConfig
 from ctxrl.env.episode import PromptBuilder, TaskEpisode, episode_config
 from ctxrl.env.modes import DEFAULT_MODE, mode_spec
-from ctxrl.env.tasks.base import Task
+from ctxrl.env.tasks.base import Task, Verdict
 from ctxrl.errors import ConfigError
 from ctxrl.rewards.cost import ModelGeometry, episode_cost, replay_episode, step_flops
 from ctxrl.rewards.masks import MaskSetting, edit_mask
@@ -145,8 +152,15 @@ class RolloutResult:
     stats: RolloutStats
 
 
+log = logging.getLogger(__name__)
+
+
 class _Episode:
-    """One live episode of the loop: the factory's episode, and its steps recorded so far."""
+    """One live episode of the loop: the factory's episode, and its steps recorded so far.
+
+    Its :meth:`reset`, :meth:`step` and :meth:`finish` never raise for a fault of this episode: they end it
+    with ``aborted`` and keep the cause (see the module docstring).
+    """
 
     def __init__(self, episode: TaskEpisode, group: int, index: int, config: RolloutConfig) -> None:
         self.episode, self.group, self.index = episode, group, index
@@ -154,6 +168,24 @@ class _Episode:
         self.steps: list[dict[str, Any]] = []
         """Per step: everything of its :class:`StepRecord` but the cost (priced when the episode ends)."""
         self.record: EpisodeRecord | None = None
+        self.cause: str | None = None
+        """Why the episode was aborted by an exception (``Type: message``); None otherwise."""
+
+    def _abort(self, stage: str, exc: BaseException) -> None:
+        """End the episode with ``aborted`` after an unexpected exception in ``stage``; log and keep it."""
+        self.cause = f"{stage} raised {type(exc).__name__}: {exc}"
+        log.warning(
+            "episode %s #%d aborted: %s", self.episode.task.task_id, self.index, self.cause, exc_info=exc
+        )
+        self.episode.end_reason = None  # a harness reason set before the fault does not stand
+        self.episode.end("aborted")
+
+    def reset(self) -> None:
+        """Reset the episode (an exception aborts it; see the class docstring)."""
+        try:
+            self.episode.reset()
+        except Exception as exc:
+            self._abort("reset", exc)
 
     @property
     def done(self) -> bool:
@@ -165,7 +197,29 @@ class _Episode:
 
     def step(self, gen: Generation) -> int:
         """Apply one generation; returns the environment steps taken (0 for an aborted generation, which
-        ends the episode)."""
+        ends the episode, and for a step that raised, which aborts it and records the generation with no
+        harness fields)."""
+        try:
+            return self._step(gen)
+        except Exception as exc:
+            self._abort("step", exc)
+            self.steps.append(
+                {
+                    "prompt_ids": list(self.episode.prompt_ids),
+                    "token_ids": list(gen.token_ids),
+                    "logprobs": list(gen.logprobs),
+                    "finish_reason": gen.finish_reason,
+                    "num_cached_tokens": gen.num_cached_tokens,
+                    "prompt_source": self.episode.prompt_source,
+                    "rebuild_reason": self.episode.rebuild_reason,
+                    **_NO_ACTION,
+                    "text": _lenient_decode(self.episode, gen.token_ids),
+                    "context_tokens": 0,
+                }
+            )
+            return 0
+
+    def _step(self, gen: Generation) -> int:
         episode = self.episode
         record: dict[str, Any] = {
             "prompt_ids": list(episode.prompt_ids),
@@ -212,12 +266,22 @@ class _Episode:
         return 1
 
     def finish(self, engine_name: str, geometry: ModelGeometry | None, block_size: int) -> EpisodeRecord:
-        """Grade the answer, price the episode by replaying its prompts, remove the workspace."""
+        """Grade the answer, price the episode by replaying its prompts, remove the workspace.
+
+        An aborted episode is not graded (its verdict is the cause); an exception while grading or
+        tearing down aborts it (see the class docstring)."""
         episode = self.episode
+        verdict = Verdict(False, 0.0, f"aborted: {self.cause}")
+        if self.cause is None:
+            try:
+                verdict = episode.finish()
+            except Exception as exc:
+                self._abort("grading", exc)
+                verdict = Verdict(False, 0.0, f"aborted: {self.cause}")
         try:
-            verdict = episode.finish()
-        finally:
             episode.teardown()
+        except Exception as exc:  # the record stands; the leftover workspace is the tmp root's to remove
+            log.warning("episode %s #%d: teardown raised %r", episode.task.task_id, self.index, exc)
         replay = replay_episode(
             [(s["prompt_ids"], s["token_ids"]) for s in self.steps], block_size=block_size
         )
@@ -256,6 +320,13 @@ class _Episode:
             steps=steps,
         )
         return self.record
+
+
+def _lenient_decode(episode: TaskEpisode, ids: Sequence[int]) -> str:
+    try:
+        return episode.builder.decode(ids)
+    except Exception:  # the record keeps the ids; the text is only for reading
+        return ""
 
 
 _NO_ACTION: dict[str, Any] = {
@@ -336,14 +407,17 @@ def rollout(
     start = time.perf_counter()
     try:
         with ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="ctxrl-env") as pool:
-            for done in [pool.submit(e.episode.reset) for e in episodes]:
+            for done in [pool.submit(e.reset) for e in episodes]:
                 done.result()
             ending: list[Future[EpisodeRecord]] = []
 
             def end(e: _Episode) -> None:
                 ending.append(pool.submit(e.finish, engine.name, geometry, block_size))
 
-            live = episodes
+            for e in episodes:
+                if e.done:  # aborted at reset
+                    end(e)
+            live = [e for e in episodes if not e.done]
             while live:
                 too_long = [e for e in live if len(e.prompt_ids) >= engine.max_model_len]
                 for e in too_long:

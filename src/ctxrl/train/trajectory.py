@@ -38,7 +38,8 @@ PROMPT_SOURCES = ("reset", "extend", "rebuild")
 END_REASONS = ("submit", "max_steps", "max_lm_calls", "overflow", "max_model_len", "aborted")
 """Why an episode ended: the harness's reasons (``submit``, ``max_steps``, ``max_lm_calls``, ``overflow``);
 ``max_model_len``: the next prompt leaves no room for a new token under the engine's maximum length;
-``aborted``: the engine returned an aborted generation for another reason (recorded in the last step)."""
+``aborted``: the engine returned an aborted generation for another reason (recorded in the last step), or
+resetting, stepping or grading the episode raised (the cause is in the record's ``verdict``)."""
 
 
 def skill_id(skill: str) -> str:

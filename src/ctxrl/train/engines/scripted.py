@@ -1,7 +1,7 @@
 """``scripted`` engine: a Python policy behind the engine protocol, for tests, baselines and demonstrations.
 
-The policy maps a prompt's token ids to the action text; the engine tokenises it (no special tokens added)
-and appends the tokenizer's EOS unless the text ends with it (:meth:`PromptBuilder.action_ids`, the rule the
+The policy maps a prompt's token ids to the action text; the engine tokenises it as text a model wrote (no
+special tokens added; a special-token spelling in it stays text) and ends it with the tokenizer's EOS (:meth:`PromptBuilder.action_ids`, the rule the
 Gymnasium environment applies to a text action too), so the rollout loop sees the same shape of output as
 from a model. :func:`text_policy` adapts a policy of the prompt *text* (a scripted reference policy): it is
 given the decoded prompt ids and nothing else, so what it does is exactly a token-in/token-out
