@@ -5,6 +5,7 @@
     ctxrl quickstart
     ctxrl rollout --config configs/rollout.yaml [KEY=VALUE ...] --out runs/r1
     ctxrl eval --config configs/eval_scripted.yaml [KEY=VALUE ...] --out runs/eval
+    ctxrl sft --config configs/sft_tiny.yaml [KEY=VALUE ...] --demos runs/demos/trajectories.jsonl --out runs/sft
     ctxrl bench NAME [--json FILE]
 
 This module parses and dispatches; every subcommand's implementation lives in :mod:`ctxrl.commands`.
@@ -126,6 +127,22 @@ def _add_eval(sub: argparse._SubParsersAction[Any]) -> None:
     p.set_defaults(run="ctxrl.commands.eval:run_eval")
 
 
+def _add_sft(sub: argparse._SubParsersAction[Any]) -> None:
+    p = sub.add_parser(
+        "sft", help="supervised warm start on demonstrations (loss on generated tokens); writes OUT/model"
+    )
+    _add_run_config(p)
+    _add_out(p, "runs/sft")
+    p.add_argument(
+        "--demos",
+        type=Path,
+        default=None,
+        help="trajectories.jsonl of demonstrations (default: record them with engine.policy into OUT/demos)",
+    )
+    p.add_argument("--model", type=Path, default=None, help="base model folder (sets model=; default: tiny)")
+    p.set_defaults(run="ctxrl.commands.sft:run_sft")
+
+
 def _add_report(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("report", help="write one static HTML report of a run folder (plots, eval table)")
     p.add_argument(
@@ -151,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_eval(sub)
     _add_rollout(sub)
     _add_bench(sub)
+    _add_sft(sub)
     _add_report(sub)
     return parser
 

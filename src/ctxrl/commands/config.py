@@ -29,6 +29,7 @@ from ctxrl.errors import ConfigError
 from ctxrl.rewards.advantages import AdvantageConfig
 from ctxrl.train.engines.base import EngineConfig, SamplingConfig
 from ctxrl.train.rollout import RolloutConfig
+from ctxrl.train.sft import SFTConfig
 
 
 def _check_names(kind: str, names: Sequence[str], valid: Sequence[str]) -> None:
@@ -98,6 +99,7 @@ class RunConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     advantages: AdvantageConfig = field(default_factory=AdvantageConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
 
 
 def load_run_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> RunConfig:
