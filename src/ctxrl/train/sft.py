@@ -397,7 +397,7 @@ def train_sft(
     trainer.train()
     wall = time.perf_counter() - start
 
-    trained = trainer.model
+    trained: Any = trainer.model
     if config.lora.enabled:
         trained = trained.merge_and_unload()
     loss_after = demonstration_loss(trained, examples)
