@@ -6,6 +6,7 @@
     ctxrl rollout --config configs/rollout.yaml [KEY=VALUE ...] --out runs/r1
     ctxrl eval --config configs/eval_scripted.yaml [KEY=VALUE ...] --out runs/eval
     ctxrl train --config configs/train_tiny.yaml [KEY=VALUE ...] --out runs/train [--overwrite] [--resume]
+    ctxrl sft --config configs/sft_tiny.yaml [KEY=VALUE ...] --demos runs/demos/trajectories.jsonl --out runs/sft
     ctxrl bench NAME [--json FILE]
     ctxrl evolve --config configs/evolve_tiny.yaml [KEY=VALUE ...] --out runs/evolve [--resume]
     ctxrl export --run runs/X [--step N] --out DIR [--adapter-only]
@@ -139,6 +140,22 @@ def _add_train(sub: argparse._SubParsersAction[Any]) -> None:
     p.set_defaults(run="ctxrl.commands.train:run_train")
 
 
+def _add_sft(sub: argparse._SubParsersAction[Any]) -> None:
+    p = sub.add_parser(
+        "sft", help="supervised warm start on demonstrations (loss on generated tokens); writes OUT/model"
+    )
+    _add_run_config(p)
+    _add_out(p, "runs/sft")
+    p.add_argument(
+        "--demos",
+        type=Path,
+        default=None,
+        help="trajectories.jsonl of demonstrations (default: record them with engine.policy into OUT/demos)",
+    )
+    p.add_argument("--model", type=Path, default=None, help="base model folder (sets model=; default: tiny)")
+    p.set_defaults(run="ctxrl.commands.sft:run_sft")
+
+
 def _add_report(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("report", help="write one static HTML report of a run folder (plots, eval table)")
     p.add_argument(
@@ -192,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_rollout(sub)
     _add_train(sub)
     _add_bench(sub)
+    _add_sft(sub)
     _add_report(sub)
     _add_evolve(sub)
     _add_export(sub)

@@ -32,6 +32,7 @@ from ctxrl.rewards.advantages import AdvantageConfig
 from ctxrl.train.config import TrainConfig
 from ctxrl.train.engines.base import EngineConfig, SamplingConfig
 from ctxrl.train.rollout import RolloutConfig
+from ctxrl.train.sft import SFTConfig
 
 
 def _check_names(kind: str, names: Sequence[str], valid: Sequence[str]) -> None:
@@ -103,6 +104,7 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     evolve: EvolveConfig = field(default_factory=EvolveConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
 
 
 def load_run_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> RunConfig:

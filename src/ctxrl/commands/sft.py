@@ -1,0 +1,126 @@
+"""``ctxrl sft``: supervised warm start on demonstrations, loss on the generated tokens only.
+
+    ctxrl rollout --config configs/demonstrations.yaml --out runs/demos          # record demonstrations
+    ctxrl sft --config configs/sft_tiny.yaml --demos runs/demos/trajectories.jsonl --out runs/sft
+    ctxrl sft --config configs/sft_tiny.yaml --out runs/sft sft.lora.enabled=true  # records into runs/sft/demos
+    ctxrl eval engine.name=hf --model runs/sft/model eval.modes=[file] eval.families=[retention]
+
+Without ``--demos`` the run config's scripted policy (``engine.name=scripted``, ``engine.policy=...``) first
+records demonstrations on ``tasks``/``rollout`` into ``<out>/demos`` (as ``ctxrl rollout`` does). The base
+model is ``model`` (a folder or registry name), or the tiny model built into ``<out>/base_model``. Writes
+``<out>/model`` (a plain Hugging Face folder: merged weights + tokenizer), ``<out>/metrics.jsonl`` (the
+trainer's log), ``<out>/summary.json`` and ``<out>/config.yaml``. A malformed demonstrations file is a
+one-line error naming the file and line, before any training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ctxrl.commands.common import (
+    ensure_tiny_model,
+    model_dir,
+    prepare_out,
+    run_config,
+    save_config,
+    write_text,
+)
+from ctxrl.commands.config import RunConfig
+from ctxrl.errors import UsageError
+
+
+def run_sft(args: argparse.Namespace) -> int:
+    """Entry point of ``ctxrl sft`` (see the module docstring)."""
+    config = run_config(args)
+    if args.model is not None:
+        config = replace(config, model=str(args.model))
+    sft_command(config, args.out, demos=args.demos, overwrite=args.overwrite)
+    return 0
+
+
+def base_model_dir(config: RunConfig, out: Path) -> Path:
+    """The model SFT starts from: ``config.model`` checked for a causal LM, or the tiny model (seed
+    ``engine.seed``) built into ``<out>/base_model``."""
+    from ctxrl.train.engines.model_dir import check_causal_lm_dir
+
+    if config.model is None:
+        return ensure_tiny_model(out / "base_model", seed=config.engine.seed)
+    return check_causal_lm_dir(model_dir(config, out))
+
+
+def check_recorder(config: RunConfig) -> None:
+    """Refuse to record demonstrations with anything but a scripted reference policy."""
+    from ctxrl.env.policies import POLICY_MODES
+
+    engine = config.engine
+    if engine.name != "scripted" or engine.policy not in POLICY_MODES:
+        raise UsageError(
+            f"no --demos given, and engine.name={engine.name} engine.policy={engine.policy} is not a scripted "
+            f"reference policy to record them with; pass --demos FILE or set engine.name=scripted "
+            f"engine.policy=<{'|'.join(POLICY_MODES)}>"
+        )
+
+
+def record_demonstrations(config: RunConfig, base: Path, out: Path) -> Path:
+    """Record demonstrations with the config's scripted policy, tokenised by ``base``'s tokenizer, into
+    ``out``; returns the trajectory file."""
+    from ctxrl.commands.rollout import rollout_command
+
+    check_recorder(config)
+    rollout_command(replace(config, model=str(base)), out)
+    return out / "trajectories.jsonl"
+
+
+def sft_command(
+    config: RunConfig, out: Path, *, demos: Path | None = None, overwrite: bool = False
+) -> dict[str, Any]:
+    """Run the SFT warm start ``config`` describes into the run folder ``out``; return its summary."""
+    from ctxrl.train.sft import load_demonstrations, sft_examples, train_sft
+
+    sft = config.sft
+    if demos is not None:
+        episodes = load_demonstrations(demos)  # a bad file fails before the run folder is touched
+    else:
+        check_recorder(config)
+    out = prepare_out(out, overwrite=overwrite)
+    save_config(config, out)
+    base = base_model_dir(config, out)
+    if demos is None:
+        demos = record_demonstrations(config, base, out / "demos")
+        episodes = load_demonstrations(demos)
+    examples, stats = sft_examples(episodes, max_seq_len=sft.max_seq_len, successful_only=sft.successful_only)
+    print(
+        f"demonstrations {demos}: {stats.episodes} episodes used ({stats.skipped_episodes} failed, left out), "
+        f"{stats.examples} sequences, {stats.tokens} tokens, {stats.loss_tokens} loss tokens "
+        f"({stats.truncated_loss_tokens} cut off by sft.max_seq_len={sft.max_seq_len})"
+    )
+    result = train_sft(sft, base, examples, out)
+    shutil.rmtree(out / "trainer", ignore_errors=True)  # the trainer's scratch folder; nothing is kept there
+    write_text(out / "metrics.jsonl", "".join(json.dumps(entry) + "\n" for entry in result.log))
+    summary = {
+        "demos": str(demos),
+        "base_model": str(base),
+        **stats.to_dict(),
+        **result.to_dict(),
+        "lora": sft.lora.enabled,
+    }
+    write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    _print_summary(summary)
+    return summary
+
+
+def _print_summary(s: dict[str, Any]) -> None:
+    layout = "packed" if s["packed"] else "one row per pass"
+    kind = "LoRA (merged)" if s["lora"] else "full fine-tuning"
+    print(f"sft ({kind}, {layout}) from {s['base_model']}")
+    print(
+        f"  steps             {s['steps']}  ({s['trained_tokens']} tokens, {s['tokens_per_s']:.0f} tokens/s)"
+    )
+    print(f"  wall              {s['wall_s']:.1f} s of training")
+    print(f"  demo loss         {s['loss_before']:.4f} -> {s['loss_after']:.4f}  (token mean on loss tokens)")
+    print(f"  model             {s['model_dir']}")

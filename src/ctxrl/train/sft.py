@@ -1,0 +1,418 @@
+"""Supervised warm start: train a causal LM on recorded demonstrations, loss on generated tokens only.
+
+    episodes = load_demonstrations("runs/demos/trajectories.jsonl")      # one-line error on a bad line
+    examples, stats = sft_examples(episodes, max_seq_len=8192)           # token in, token out
+    result = train_sft(SFTConfig(lr=2e-3), "runs/tiny/model", examples, "runs/sft")   # -> runs/sft/model
+
+**Examples.** Demonstrations are :class:`~ctxrl.train.trajectory.EpisodeRecord`s (the scripted managers
+run through the rollout loop, or any other rollout). Each example is one training row of
+:func:`ctxrl.train.rows.episode_rows`: consecutive ``extend`` steps share one sequence (the last step's
+prompt ids + its generated ids) whose ``completion_mask`` is 1 on every step's generated ids (the stop
+token included, so the model learns to end its turn) and 0 on prompts and observations. The ids are the
+records' own: nothing is decoded and re-tokenised. A row longer than ``max_seq_len`` keeps its first
+``max_seq_len`` tokens (every kept loss token still sees the context it was generated from); the loss
+tokens cut off are counted in :class:`ExampleStats`.
+
+**Training.** TRL's ``SFTTrainer`` on a pre-tokenised dataset (``input_ids`` + ``completion_mask``,
+``completion_only_loss``): token-mean cross-entropy over the loss tokens of each optimiser step. Rows are
+packed into ``max_seq_len``-token sequences (best-fit decreasing, position ids restart per row, attention
+kept within a row) when the model honours position-id packing, else one row per forward pass. LoRA (peft)
+or full fine-tuning by ``lora.enabled``; the LoRA adapter is merged before saving, so ``<out>/model`` is
+always a plain Hugging Face folder (weights + tokenizer) that every engine loads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ctxrl.errors import ConfigError, UsageError
+from ctxrl.train.config import LoraSettings
+from ctxrl.train.rows import episode_rows
+from ctxrl.train.trajectory import EpisodeRecord
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """One supervised warm-start run: data selection, sequence layout, optimiser, LoRA, seed."""
+
+    lr: float = 2e-5
+    """AdamW peak learning rate (a random tiny model needs ~2e-3; a pre-trained one ~1e-5 to 1e-4)."""
+    epochs: float = 1.0
+    """Passes over the demonstrations (fractions allowed); ignored when ``max_steps`` > 0."""
+    max_steps: int = 0
+    """Optimiser steps to run; 0: as many as ``epochs`` takes."""
+    max_seq_len: int = 8192
+    """Longest training sequence in tokens; a longer row keeps its first ``max_seq_len`` tokens."""
+    batch_tokens: int = 16384
+    """Tokens per optimiser step: gradients accumulate over ``batch_tokens // max_seq_len`` sequences of at
+    most ``max_seq_len`` tokens each (packed sequences, or one row each when padded)."""
+    packing: Literal["auto", "packed", "padded"] = "auto"
+    """``auto`` packs rows when the model honours position-id packing (checked once), else one row per pass."""
+    lr_scheduler: Literal["constant", "linear", "cosine"] = "linear"
+    """Learning-rate schedule after warm-up (decays to 0 at the last step, except ``constant``)."""
+    warmup_steps: int = 0
+    """Optimiser steps of linear warm-up from 0 to ``lr``."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float | None = 1.0
+    """Clip the gradient norm to this before each step; null disables clipping."""
+    successful_only: bool = True
+    """Train only on demonstrations whose episode succeeded."""
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    """LoRA adapter (peft) instead of full fine-tuning; merged into the saved model."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Dtype the model is loaded and trained in (fp32 is faster on CPU)."""
+    seed: int = 0
+    """Seeds the data order and the LoRA initialisation."""
+    log_every: int = 10
+    """Log loss, learning rate and token counts every N optimiser steps (and at the last)."""
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ConfigError(f"sft.lr must be > 0, got {self.lr}")
+        if self.epochs <= 0:
+            raise ConfigError(f"sft.epochs must be > 0, got {self.epochs}")
+        if self.max_steps < 0:
+            raise ConfigError(f"sft.max_steps must be >= 0 (0: run sft.epochs), got {self.max_steps}")
+        if self.max_seq_len < 2:
+            raise ConfigError(f"sft.max_seq_len must be >= 2, got {self.max_seq_len}")
+        if self.batch_tokens < self.max_seq_len:
+            raise ConfigError(
+                f"sft.batch_tokens ({self.batch_tokens}) must be >= sft.max_seq_len ({self.max_seq_len}); "
+                "raise batch_tokens or lower max_seq_len"
+            )
+        if self.warmup_steps < 0:
+            raise ConfigError(f"sft.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.weight_decay < 0:
+            raise ConfigError(f"sft.weight_decay must be >= 0, got {self.weight_decay}")
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            raise ConfigError(
+                f"sft.max_grad_norm must be > 0 (or null to disable clipping), got {self.max_grad_norm}"
+            )
+        if self.log_every < 1:
+            raise ConfigError(f"sft.log_every must be >= 1, got {self.log_every}")
+
+    @property
+    def accumulation(self) -> int:
+        """Sequences per optimiser step."""
+        return self.batch_tokens // self.max_seq_len
+
+
+@dataclass(frozen=True)
+class SFTExample:
+    """One training sequence: ids and a loss mask aligned with them (1 = a generated token to learn)."""
+
+    input_ids: list[int]
+    completion_mask: list[int]
+    episode: int
+    """Index of the episode (in the list given to :func:`sft_examples`)."""
+    steps: tuple[int, ...]
+    """The episode's steps whose generated ids are in this sequence."""
+
+
+@dataclass(frozen=True)
+class ExampleStats:
+    """What the demonstrations gave: episodes used and skipped, sequences, tokens, tokens lost to the cap."""
+
+    episodes: int
+    skipped_episodes: int
+    """Episodes left out (failed, with ``successful_only``)."""
+    examples: int
+    tokens: int
+    """Tokens of all examples (what one epoch puts through the model)."""
+    loss_tokens: int
+    truncated_loss_tokens: int
+    """Generated tokens cut off by ``max_seq_len`` (not trained on)."""
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "episodes": self.episodes,
+            "skipped_episodes": self.skipped_episodes,
+            "examples": self.examples,
+            "tokens": self.tokens,
+            "loss_tokens": self.loss_tokens,
+            "truncated_loss_tokens": self.truncated_loss_tokens,
+        }
+
+
+def _check_ids(name: str, ids: Any) -> None:
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise UsageError(f"{name} is not a list of token ids")
+    if any(t < 0 for t in ids):
+        raise UsageError(f"{name} holds a negative token id")
+
+
+def _check_episode(episode: EpisodeRecord) -> None:
+    """Raise :class:`UsageError` when a record cannot become training rows (wrong types or lengths)."""
+    if not isinstance(episode.steps, list):
+        raise UsageError("steps is not a list")
+    for k, step in enumerate(episode.steps):
+        _check_ids(f"step {k} prompt_ids", step.prompt_ids)
+        _check_ids(f"step {k} token_ids", step.token_ids)
+        if not step.prompt_ids:
+            raise UsageError(f"step {k} has an empty prompt")
+        for name in ("logprobs", "edit_mask"):
+            if not isinstance(getattr(step, name), list):
+                raise UsageError(f"step {k} {name} is not a list")
+    episode_rows(episode, [[0.0] * len(s.token_ids) for s in episode.steps])  # lengths agree
+
+
+def load_demonstrations(path: str | Path) -> list[EpisodeRecord]:
+    """The episodes of a trajectory JSONL file, each checked to make training rows.
+
+    Raises :class:`UsageError` with one line naming the file (and the line, for a bad record): missing or
+    unreadable file, a line that is not JSON or not an episode record, ids that are not token ids, lengths
+    that disagree, or no episode at all.
+    """
+    source = Path(path)
+    if not source.is_file():
+        raise UsageError(f"demonstrations file {source} does not exist or is not a file")
+    episodes = []
+    try:
+        with source.open(encoding="utf-8") as handle:
+            for n, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    data = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise UsageError(f"{source}:{n}: not JSON ({exc.msg})") from None
+                try:
+                    if not isinstance(data, dict):
+                        raise UsageError("not a JSON object")
+                    episode = EpisodeRecord.from_dict(data)
+                    _check_episode(episode)
+                except (UsageError, TypeError, AttributeError, KeyError, ValueError) as exc:
+                    detail = str(exc) or type(exc).__name__
+                    raise UsageError(f"{source}:{n}: not an episode record: {detail}") from None
+                episodes.append(episode)
+    except UnicodeDecodeError:
+        raise UsageError(f"{source} is not UTF-8 text; is it a trajectories.jsonl?") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read {source}: {exc.strerror or exc}") from None
+    if not episodes:
+        raise UsageError(f"{source} holds no episodes")
+    return episodes
+
+
+def sft_examples(
+    episodes: Sequence[EpisodeRecord], *, max_seq_len: int, successful_only: bool = True
+) -> tuple[list[SFTExample], ExampleStats]:
+    """The training sequences of ``episodes`` (see the module docstring) and their counts.
+
+    Rows that keep no loss token after the cap are dropped.
+    """
+    examples = []
+    skipped = truncated = 0
+    for i, episode in enumerate(episodes):
+        if successful_only and not episode.success:
+            skipped += 1
+            continue
+        zeros = [[0.0] * len(s.token_ids) for s in episode.steps]
+        for row in episode_rows(episode, zeros, episode_index=i):
+            ids = row.input_ids[:max_seq_len]
+            mask = row.loss_mask[:max_seq_len]
+            truncated += row.num_loss_tokens - sum(mask)
+            if any(mask):
+                examples.append(SFTExample(ids, mask, episode=i, steps=row.steps))
+    stats = ExampleStats(
+        episodes=len(episodes) - skipped,
+        skipped_episodes=skipped,
+        examples=len(examples),
+        tokens=sum(len(e.input_ids) for e in examples),
+        loss_tokens=sum(sum(e.completion_mask) for e in examples),
+        truncated_loss_tokens=truncated,
+    )
+    return examples, stats
+
+
+def check_vocab(examples: Sequence[SFTExample], vocab_size: int, source: str) -> None:
+    """Refuse ids the model has no embedding for: the demonstrations came from another tokenizer."""
+    top = max((max(e.input_ids) for e in examples), default=-1)
+    if top >= vocab_size:
+        raise UsageError(
+            f"{source} holds token id {top} but the model's vocabulary has {vocab_size} entries; record the "
+            "demonstrations with this model's tokenizer (rollout with model=<the same folder>)"
+        )
+
+
+def demonstration_loss(model: Any, examples: Sequence[SFTExample]) -> float:
+    """Token-mean cross-entropy of ``model`` over the loss tokens of ``examples`` (one row per pass).
+
+    ``-mean log p(x_t | x_<t)`` over every ``t`` with ``completion_mask[t] == 1``: the quantity SFT
+    minimises, computed without TRL so it can judge the result.
+    """
+    import torch
+
+    from ctxrl.train.logprobs import token_logprobs
+
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for ex in examples:
+            ids = torch.tensor([ex.input_ids], device=device)
+            positions = torch.arange(len(ex.input_ids), device=device)[None]
+            lp, _ = token_logprobs(model, ids, positions)
+            mask = torch.tensor([ex.completion_mask], device=device, dtype=lp.dtype)
+            total += float(-(lp * mask).sum())
+            count += int(mask.sum())
+    model.train(was_training)
+    return total / count if count else math.nan
+
+
+@dataclass(frozen=True)
+class SFTResult:
+    """What a run did: the saved model, its loss on the demonstrations before and after, speed."""
+
+    model_dir: Path
+    steps: int
+    trained_tokens: int
+    """Tokens through the model in training (prompt and observation tokens included)."""
+    wall_s: float
+    """Seconds of training (model loading, data preparation and the loss passes excluded)."""
+    loss_before: float
+    loss_after: float
+    packed: bool
+    log: list[dict[str, float]]
+    """The trainer's log lines (loss, learning rate, grad norm, token accuracy, ...)."""
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.trained_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model_dir": str(self.model_dir),
+            "steps": self.steps,
+            "trained_tokens": self.trained_tokens,
+            "wall_s": self.wall_s,
+            "tokens_per_s": self.tokens_per_s,
+            "loss_before": self.loss_before,
+            "loss_after": self.loss_after,
+            "packed": self.packed,
+        }
+
+
+def _load_model(folder: Path, config: SFTConfig) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype = torch.float32 if config.dtype == "float32" else torch.bfloat16
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+
+
+def _peft_config(lora: LoraSettings) -> Any:
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        task_type="CAUSAL_LM",
+    )
+
+
+def train_sft(
+    config: SFTConfig,
+    base_model: str | Path,
+    examples: Sequence[SFTExample],
+    out: str | Path,
+    *,
+    progress: bool = True,
+) -> SFTResult:
+    """Fine-tune the causal LM in ``base_model`` on ``examples``; save it to ``<out>/model``.
+
+    ``<out>/model`` holds the full weights (a LoRA adapter merged in) and the base model's tokenizer. The
+    trainer writes nothing else into ``out``. Raises :class:`UsageError` when there is nothing to train on
+    or the ids do not fit the model's vocabulary.
+    """
+    import datasets
+    import torch
+    from trl import SFTConfig as TRLSFTConfig
+    from trl import SFTTrainer
+
+    from ctxrl.env.tokenizer import load_tokenizer_dir
+    from ctxrl.train.logprobs import packing_supported
+
+    if not examples:
+        raise UsageError(
+            "no training examples: every demonstration failed or was cut away by sft.max_seq_len"
+        )
+    base = Path(base_model)
+    out = Path(out)
+    tokenizer = load_tokenizer_dir(base)
+    model = _load_model(base, config)
+    check_vocab(examples, int(model.get_input_embeddings().weight.shape[0]), "the demonstrations")
+    torch.manual_seed(config.seed)
+    packed = config.packing == "packed" or (config.packing == "auto" and packing_supported(model))
+    loss_before = demonstration_loss(model, examples)
+
+    dataset = datasets.Dataset.from_dict(
+        {
+            "input_ids": [list(e.input_ids) for e in examples],
+            "completion_mask": [list(e.completion_mask) for e in examples],
+        }
+    )
+    args = TRLSFTConfig(
+        output_dir=str(out / "trainer"),
+        learning_rate=config.lr,
+        num_train_epochs=config.epochs,
+        max_steps=config.max_steps if config.max_steps > 0 else -1,
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=config.accumulation,
+        lr_scheduler_type=config.lr_scheduler,
+        warmup_steps=config.warmup_steps,
+        weight_decay=config.weight_decay,
+        max_grad_norm=config.max_grad_norm if config.max_grad_norm is not None else 0.0,
+        max_length=config.max_seq_len,
+        packing=packed,
+        packing_strategy="bfd",
+        completion_only_loss=True,
+        bf16=config.dtype == "bfloat16",
+        seed=config.seed,
+        data_seed=config.seed,
+        logging_steps=config.log_every,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=not progress,
+        dataloader_num_workers=0,
+    )
+    trainer = SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=_peft_config(config.lora) if config.lora.enabled else None,
+    )
+    start = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - start
+
+    trained: Any = trainer.model
+    if config.lora.enabled:
+        trained = trained.merge_and_unload()
+    loss_after = demonstration_loss(trained, examples)
+    model_dir = out / "model"
+    trained.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    log = [dict(entry) for entry in trainer.state.log_history]
+    tokens = max((int(e["num_tokens"]) for e in log if "num_tokens" in e), default=0)
+    return SFTResult(
+        model_dir=model_dir,
+        steps=int(trainer.state.global_step),
+        trained_tokens=tokens,
+        wall_s=wall,
+        loss_before=loss_before,
+        loss_after=loss_after,
+        packed=packed,
+        log=log,
+    )
