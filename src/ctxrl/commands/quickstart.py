@@ -10,8 +10,8 @@ Stages, each in its own subfolder of the run folder (``ctxrl report`` reads them
 3. ``train/``: a few stepwise GRPO steps from the warm-started model (``ctxrl train``; the engine is vLLM
    unless ``engine.name=hf`` is given), with weight sync to the engine and a checkpoint.
 4. ``export/``: the checkpoint exported as a serving folder and verified in vLLM (``ctxrl export``).
-5. ``eval/``: the exported model against the scripted baselines (append-only and the file manager) on the
-   same dev tasks (``ctxrl eval``).
+5. ``eval/``: the exported model (on vLLM, 3 steps per episode) against the scripted baselines (append-only
+   and the file manager) on the same dev tasks (``ctxrl eval``).
 6. ``evolve/``: one round of skill evolution with the skill-reading scripted manager and the offline
    proposer (``ctxrl evolve``).
 7. ``report.html``: one static page of all of it (``ctxrl report``).
@@ -37,13 +37,16 @@ STAGES = 7
 
 SFT = [
     "engine.name=scripted", "engine.policy=file-manager", "sampling.max_new_tokens=8192",
-    "tasks.families=[retention]", "tasks.difficulty=easy", "tasks.count=4", "rollout.group_size=1",
-    "sft.lr=2.0e-3", "sft.epochs=1",
+    "tasks.families=[retention]", "tasks.difficulty=easy", "tasks.count=2", "rollout.group_size=1",
+    "sft.lr=2.0e-3", "sft.epochs=1", "sft.packing=padded", "sft.batch_tokens=8192",
 ]  # fmt: skip
 TRAIN = [
     "engine.name=vllm", "engine.max_model_len=4096", "sampling.max_new_tokens=32", "tasks.families=[retention]",
     "tasks.difficulty=easy", "tasks.count=1", "rollout.group_size=2", "rollout.max_steps=3",
     "advantages.drop_zero_variance=none", "train.steps=2", "train.lr=1.0e-4", "train.save_every=1",
+]  # fmt: skip
+MODEL_EVAL = [
+    "engine.name=vllm", "engine.max_model_len=4096", "sampling.max_new_tokens=32", "rollout.max_steps=3",
 ]  # fmt: skip
 EVAL = ["eval.families=[retention]", "eval.difficulty=easy", "eval.split=dev", "eval.episodes=2"]
 BASELINES = ["engine.name=scripted", "sampling.max_new_tokens=8192", "eval.policies=[append,file-manager]"]
@@ -143,7 +146,7 @@ def run_quickstart(args: argparse.Namespace) -> int:
         )
 
         story.begin("the exported model vs the scripted baselines on dev tasks (ctxrl eval)")
-        model_eval = [f"model={out / 'export'}", "engine.name=hf", "eval.modes=[file]", *EVAL]
+        model_eval = [f"model={out / 'export'}", "eval.modes=[file]", *MODEL_EVAL, *EVAL]
         table = eval_command(load_run_config(None, model_eval))
         table |= eval_command(load_run_config(None, [*BASELINES, *EVAL]))
         (out / "eval").mkdir(exist_ok=True)
