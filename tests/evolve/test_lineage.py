@@ -136,7 +136,7 @@ def test_not_a_database_is_a_clear_error(tmp_path: Path) -> None:
 def _driver(run_dir: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     return subprocess.Popen(
-        [sys.executable, str(DRIVER), str(run_dir), "--sleep", "0.004"],
+        [sys.executable, str(DRIVER), str(run_dir), "--sleep", "0.012"],  # ~7 s of work: ten kills fit
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
