@@ -25,10 +25,12 @@ that matter. ``KEY=VALUE`` overrides apply to the training stage (e.g. ``engine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from ctxrl.commands.common import ensure_tiny_model, library_logs_to, prepare_out, write_text
 from ctxrl.commands.config import load_run_config
@@ -86,9 +88,10 @@ def advantage_report(trajectories: Path) -> list[str]:
 
 
 class _Story:
-    """One line per stage on the terminal, with the stage's wall time."""
+    """One line per stage on the terminal (``stream``), with the stage's wall time."""
 
-    def __init__(self) -> None:
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
         self.t0 = time.perf_counter()
         self.stage = 0
         self.started = self.t0
@@ -96,10 +99,10 @@ class _Story:
     def begin(self, text: str) -> None:
         self.stage += 1
         self.started = time.perf_counter()
-        print(f"[{self.stage}/{STAGES}] {text}", flush=True)
+        print(f"[{self.stage}/{STAGES}] {text}", file=self.stream, flush=True)
 
     def end(self, text: str) -> None:
-        print(f"      {text} ({time.perf_counter() - self.started:.0f} s)", flush=True)
+        print(f"      {text} ({time.perf_counter() - self.started:.0f} s)", file=self.stream, flush=True)
 
 
 def run_quickstart(args: argparse.Namespace) -> int:
@@ -113,10 +116,15 @@ def run_quickstart(args: argparse.Namespace) -> int:
     from ctxrl.train.report import write_report
 
     out: Path = prepare_out(args.out, overwrite=args.overwrite)
-    story = _Story()
+    story = _Story(sys.stdout)
     train_overrides = [*TRAIN, *args.overrides]
     train_config = load_run_config(None, train_overrides)  # a bad override fails before any stage runs
-    with library_logs_to(out / "logs.txt"):
+    # the stages' own summaries and the libraries' output go to the log; the terminal gets the story
+    with (
+        library_logs_to(out / "logs.txt"),
+        (out / "logs.txt").open("a", encoding="utf-8") as log,
+        contextlib.redirect_stdout(log),
+    ):
         story.begin(f"tiny model -> {out / 'model'}")
         model = ensure_tiny_model(out / "model")
         story.end("a random Qwen3, ~3 M parameters, built offline")
