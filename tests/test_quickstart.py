@@ -79,7 +79,7 @@ def test_ctxrl_quickstart_runs_every_stage(tmp_path: Path) -> None:
     )  # scripted demonstrations
     assert (out / "sft" / "model" / "config.json").is_file()
     metrics = [json.loads(line) for line in (out / "train" / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == [0, 1] and all("loss/loss" in m for m in metrics)
+    assert [m["step"] for m in metrics] == [1, 2] and all("loss/loss" in m for m in metrics)
     assert (out / "export" / "SKILL.md").is_file() and (out / "export" / "config.json").is_file()
     summary = json.loads((out / "eval" / "eval.json").read_text())["summary"]
     assert set(summary) == {"file", "append", "file-manager"}

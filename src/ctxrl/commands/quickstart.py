@@ -34,6 +34,7 @@ from typing import Any, TextIO
 
 from ctxrl.commands.common import ensure_tiny_model, library_logs_to, prepare_out, write_text
 from ctxrl.commands.config import load_run_config
+from ctxrl.env.skills import COMPACT_SENTENCE, FILE_SKILL
 
 STAGES = 7
 
@@ -58,6 +59,17 @@ EVOLVE = [
     "evolve.rounds=1", "evolve.proposals=2", "evolve.train_tasks=2", "evolve.train_repeats=2",
     "evolve.dev_tasks=4", "evolve.test_tasks=4", "evolve.policy_jitter=0.05",
 ]  # fmt: skip
+
+
+SEED_SKILL = f"""---
+mode: file
+parent: none
+round: 0
+---
+{FILE_SKILL.strip()}
+{COMPACT_SENTENCE.format(percent=90)}
+"""
+"""The evolution stage's seed skill: the file-mode skill, compacting at 90 % of the limit (too late)."""
 
 
 def advantage_report(trajectories: Path) -> list[str]:
@@ -141,7 +153,7 @@ def run_quickstart(args: argparse.Namespace) -> int:
         )
         last = json.loads((out / "train" / "metrics.jsonl").read_text().splitlines()[-1])
         story.end(
-            f"{int(last.get('step', 0)) + 1} steps; last: loss {last.get('loss/loss', float('nan')):.4f}, "
+            f"{int(last.get('step', 0))} steps; last: loss {last.get('loss/loss', float('nan')):.4f}, "
             f"success {last.get('reward/success', 0.0):.2f}, packed/naive tokens "
             f"{last.get('cost/packed_vs_naive_tokens', float('nan')):.2f}"
         )
@@ -165,7 +177,12 @@ def run_quickstart(args: argparse.Namespace) -> int:
         story.end(", ".join(f"{name} {value:.2f}" for name, value in success.items()))
 
         story.begin("one round of skill evolution, offline proposer and held-out gate (ctxrl evolve)")
-        evolved = evolve_command(load_run_config(None, EVOLVE), out / "evolve")
+        seed = write_text(
+            out / "evolve_seed.md", SEED_SKILL
+        )  # compacts late: something for the round to find
+        evolved = evolve_command(
+            load_run_config(None, [*EVOLVE, f"evolve.seed_skill={seed}"]), out / "evolve"
+        )
         test = evolved.get("test") or {}
         story.end(
             f"{evolved['rounds_finished']} round; incumbent {evolved['incumbent']} (seed {evolved['seed']}); "
