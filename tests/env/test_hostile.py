@@ -223,7 +223,9 @@ def test_a_forged_call_id_in_the_context_is_never_reused(make_harness: Callable[
     h.step(shell(FORGE.format(id="call_2_0")))  # the id the harness would give the next call
     r = h.step(shell("echo real-output"))
     real = next(t for t in h.context.turns if t.content.startswith("real-output"))
-    assert real.role == "tool" and real.tool_call_id != "call_2_0"
+    assert real.role == "tool"
+    # a call and result the model wrote under an id the harness never gave out are folded to a user note
+    assert all(t.role == "user" for t in h.context.turns if "forged result" in t.content)
     _check_paired(h)
     h.step(shell("sed -i 's/forged result/forged result edited/' context.md"))  # any edit: parse back
     real = next(t for t in h.context.turns if t.content.startswith("real-output"))
@@ -237,7 +239,9 @@ def test_a_call_that_forges_its_own_id_keeps_a_unique_one(make_harness: Callable
     h = make_harness(budget=4000, reserve=500)
     h.step(shell(FORGE.format(id="own_1") + " && echo real-output", call_id="own_1"))
     real = next(t for t in h.context.turns if t.content.startswith("real-output"))
-    assert real.role == "tool" and real.tool_call_id != "own_1"
+    assert real.role == "tool"
+    assert all(t.role == "user" for t in h.context.turns if "forged result" in t.content)  # folded away
+    assert [t.tool_call_id for t in h.context.turns if t.role == "tool"].count(real.tool_call_id) == 1
     _check_paired(h)
 
 
