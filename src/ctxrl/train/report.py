@@ -332,11 +332,12 @@ def load_candidates(path: str | Path) -> tuple[list[Candidate] | None, str | Non
 
 
 def _find(folder: Path, name: str) -> Path | None:
-    """``folder/name``, else the first ``folder/<stage>/name`` (a pipeline's run folder holds one stage per
-    subfolder, as the quickstart's does), else None."""
+    """``folder/name``, else the newest ``folder/<stage>/name`` (a pipeline's run folder holds one stage per
+    subfolder, as the quickstart's does: the later stage's file is the one to show), else None."""
     if (folder / name).is_file():
         return folder / name
-    return next((p for p in sorted(folder.glob(f"*/{name}")) if p.is_file()), None)
+    found = [p for p in folder.glob(f"*/{name}") if p.is_file()]
+    return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
 
 
 def read_run(folder: str | Path) -> RunData:
