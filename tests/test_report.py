@@ -432,3 +432,20 @@ def test_the_report_reads_the_evolution_loops_lineage_store(tmp_path: Path) -> N
     assert why is None and candidates is not None
     [cand] = [c for c in candidates if c.id == "cand1"]
     assert (cand.parent, cand.round, cand.score, cand.cost, cand.decision) == (seed, 1, 0.5, 200.0, "accept")
+
+
+def test_a_pipeline_folder_is_read_from_its_stage_subfolders(tmp_path: Path) -> None:
+    """The quickstart's run folder holds one stage per subfolder; of two metrics files the later stage's shows."""
+    import os
+
+    from ctxrl.train.report import read_run
+
+    (tmp_path / "sft").mkdir()
+    (tmp_path / "train").mkdir()
+    (tmp_path / "sft" / "metrics.jsonl").write_text('{"step": 1, "train_loss": 6.5}\n')
+    (tmp_path / "train" / "metrics.jsonl").write_text(
+        '{"step": 1, "loss/loss": 0.5}\n{"step": 2, "loss/loss": 0.25}\n'
+    )
+    os.utime(tmp_path / "sft" / "metrics.jsonl", ns=(1_000_000_000, 1_000_000_000))  # the earlier stage
+    run = read_run(tmp_path)
+    assert [row.step for row in run.metrics] == [1, 2] and "loss/loss" in run.metrics[0].values
