@@ -259,6 +259,10 @@ def test_bad_input_is_one_line_naming_file_and_line(
     metrics.mkdir()
     (metrics / "metrics.jsonl").write_text('{"step": 0, "loss/policy": 1}\n\n{"step": "3"}\n')
     assert "metrics.jsonl:3: 'step' must be an integer" in _error(capsys, ["report", str(metrics)])
+    (metrics / "metrics.jsonl").write_text(
+        '{"step": 1.0, "loss/policy": 1}\n{"step": 2.5}\n'
+    )  # 1.0 is step 1
+    assert "metrics.jsonl:2: 'step' must be an integer, not 2.5" in _error(capsys, ["report", str(metrics)])
 
     ev = tmp_path / "eval_bad"
     (ev / "eval").mkdir(parents=True)
@@ -431,7 +435,7 @@ def test_the_report_reads_the_evolution_loops_lineage_store(tmp_path: Path) -> N
     candidates, why = load_candidates(tmp_path / "lineage.sqlite")
     assert why is None and candidates is not None
     [cand] = [c for c in candidates if c.id == "cand1"]
-    assert (cand.parent, cand.round, cand.score, cand.cost, cand.decision) == (seed, 1, 0.5, 200.0, "accept")
+    assert (cand.parent, cand.round, cand.score, cand.cost, cand.decision) == (seed, 1, 0.5, 200.0, "decided")
 
 
 def test_a_pipeline_folder_is_read_from_its_stage_subfolders(tmp_path: Path) -> None:

@@ -243,6 +243,8 @@ def load_metrics(path: str | Path) -> tuple[list[MetricRow], list[str]]:
         if not isinstance(data, dict):
             raise UsageError(f"{path}:{n}: not a JSON object with a 'step' (a JSON {type(data).__name__})")
         step = data.get("step")
+        if isinstance(step, float) and step.is_integer():
+            step = int(step)  # a tracker that logs every value as a float writes 3.0 for step 3
         if not isinstance(step, int) or isinstance(step, bool):
             raise UsageError(f"{path}:{n}: 'step' must be an integer, not {step!r}")
         values = {}
@@ -298,7 +300,7 @@ def load_candidates(path: str | Path) -> tuple[list[Candidate] | None, str | Non
             # the evolution loop's lineage store: a candidate's score and cost are its dev episodes' means
             rows = con.execute(
                 'SELECT c."id", c."parent", c."round", AVG(e."score"), AVG(e."cost"), '
-                'COALESCE(c."decision", c."status") FROM candidates c LEFT JOIN episodes e '
+                'c."status" FROM candidates c LEFT JOIN episodes e '
                 'ON e."skill" = c."id" AND e."split" = \'dev\' AND e."round" = c."round" '
                 'GROUP BY c."id" ORDER BY c."round", c.rowid'
             ).fetchall()
