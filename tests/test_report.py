@@ -86,9 +86,12 @@ def scripted_episodes(tokenizer: Any, workdir: Path) -> list[EpisodeRecord]:
     episodes: list[EpisodeRecord] = []
     for mode, script in SCRIPTS.items():
         engine = ScriptedEngine(scripted([a for a, _ in script]), tokenizer, max_model_len=16384)
-        config = RolloutConfig(group_size=1, mode=mode, sampling=SamplingConfig(max_new_tokens=128))
+        config = RolloutConfig(group_size=1, mode=mode)
         tasks = [make_task("retention", 1, "easy")]
-        episodes += rollout(engine, tokenizer, tasks, config, workdir=workdir / mode).episodes
+        sampling = SamplingConfig(max_new_tokens=128)
+        episodes += rollout(
+            engine, tokenizer, tasks, config, workdir=workdir / mode, sampling=sampling
+        ).episodes
     return episodes
 
 
@@ -135,8 +138,14 @@ def run_folder(records: list[EpisodeRecord], tmp_path_factory: pytest.TempPathFa
     run = tmp_path_factory.mktemp("run")
     save_trajectories(records, run / "trajectories.jsonl")
     write_metrics(run / "metrics.jsonl")
-    argv = ["eval", "--policy", "append", "file-manager", "--families", "retention", "--split", "dev"]
-    argv += ["--episodes", "1", "--difficulty", "easy", "--workers", "2", "--out", str(run / "eval")]
+    argv = [
+        "eval",
+        "engine.name=scripted",
+        "sampling.max_new_tokens=8192",
+        "eval.policies=[append,file-manager]",
+    ]
+    argv += ["eval.families=[retention]", "eval.split=dev", "eval.episodes=1", "eval.difficulty=easy"]
+    argv += ["rollout.workers=2", "--out", str(run / "eval")]
     assert main(argv) == 0
     write_evolution(run / "evolve.sqlite")
     return run

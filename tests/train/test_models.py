@@ -360,10 +360,11 @@ def test_smol_chat_template_is_prefix_stable_in_text_and_tokens(smol_tokenizer: 
 def test_smol_template_extends_prompts_in_a_real_episode(smol_tokenizer: Any, tmp_path: Path) -> None:
     """A scripted file-mode episode with SmolLM2's tokenizer: every append-only step extends the previous
     prompt (the template never forces a rebuild) and the extended ids equal a fresh render."""
+    from ctxrl.env.episode import PromptBuilder
     from ctxrl.env.tasks.registry import make_task
     from ctxrl.train.engines.base import SamplingConfig
     from ctxrl.train.engines.scripted import ScriptedEngine
-    from ctxrl.train.rollout import PromptBuilder, RolloutConfig, rollout
+    from ctxrl.train.rollout import RolloutConfig, rollout
 
     def call(name: str, **arguments: Any) -> str:
         return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
@@ -381,8 +382,10 @@ def test_smol_template_extends_prompts_in_a_real_episode(smol_tokenizer: Any, tm
         return script[min(turn, len(script) - 1)]
 
     engine = ScriptedEngine(policy, smol_tokenizer, max_model_len=8192)
-    config = RolloutConfig(group_size=1, sampling=SamplingConfig(max_new_tokens=128), workers=1)
-    result = rollout(engine, smol_tokenizer, [make_task("retention", 1, "easy")], config, workdir=tmp_path)
+    config = RolloutConfig(group_size=1, workers=1)
+    sampling = SamplingConfig(max_new_tokens=128)
+    tasks = [make_task("retention", 1, "easy")]
+    result = rollout(engine, smol_tokenizer, tasks, config, workdir=tmp_path, sampling=sampling)
     steps = result.episodes[0].steps
     assert len(steps) >= 4
     sources = [(s.prompt_source, s.rebuild_reason) for s in steps]
