@@ -42,10 +42,8 @@ def make_run(run: Path, base: Path, *, lora: bool, steps: tuple[int, ...] = (3,)
     from ctxrl.train.config import TrainConfig
     from ctxrl.train.grpo import load_policy, save_checkpoint
 
-    config = load_config(
-        TrainConfig, {"model": str(base), "output_dir": str(run), "lora": {"enabled": lora, "r": 4}}
-    )
-    policy = load_policy(config)
+    config = load_config(TrainConfig, {"lora": {"enabled": lora, "r": 4}})
+    policy = load_policy(base, config)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-3)
     acc = Accelerator(cpu=True)
     gen = torch.Generator().manual_seed(7)
