@@ -233,16 +233,19 @@ def test_verification_catches_weights_that_are_not_the_trained_ones(
 
 @pytest.fixture(scope="module")
 def verified_export(lora_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
-    """``ctxrl export`` itself: written, verified by the in-process vLLM engine, commands printed."""
-    import contextlib
-    import io
+    """``ctxrl export`` itself: written, verified by the in-process vLLM engine, commands printed. It runs as
+    its own process: a second in-process vLLM engine, closed, would tear down the state of the session's."""
+    import os
+    import subprocess
+    import sys
 
     out = tmp_path_factory.mktemp("cli") / "served"
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        code = main(["export", "--run", str(lora_run), "--out", str(out)])
-    assert code == 0, buf.getvalue()
-    yield out, buf.getvalue()
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": src}
+    argv = [sys.executable, "-m", "ctxrl.cli", "export", "--run", str(lora_run), "--out", str(out)]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    yield out, done.stdout
 
 
 @pytest.fixture(scope="module")
