@@ -31,7 +31,7 @@ def test_the_registry_names_every_mode_once() -> None:
 def test_entry_agrees_with_the_mode_it_builds(name: str) -> None:
     spec = mode_spec(name)
     mode = make_mode(name, HarnessConfig())
-    assert mode.rolls_back == spec.budget.rollback
+    assert mode.budget == spec.budget == type(mode).budget
     assert default_skill(name) == spec.skill and spec.skill.strip()
     # the edit tools are tools the mode really offers (tools mode offers its context tools during an episode)
     offers = _tool_names(name, HarnessConfig()) | (set(CONTEXT_TOOLS) if name == "tools" else set())
@@ -45,8 +45,8 @@ def test_edit_tools_are_what_the_issue_and_the_seeds_call_edits() -> None:
     assert mode_spec("tools").edit_tools | mode_spec("usage").edit_tools == EDIT_TOOLS
 
 
-def test_only_append_fails_on_overflow_and_only_harness_always_runs_the_pressure_pass() -> None:
-    assert [n for n in MODES if not MODES[n].budget.rollback] == ["append"]
+def test_only_file_mode_rolls_back_and_only_harness_always_runs_the_pressure_pass() -> None:
+    assert [n for n in MODES if MODES[n].budget.rollback] == ["file"]
     assert [n for n in MODES if MODES[n].budget.pressure == "always"] == ["harness"]
 
 

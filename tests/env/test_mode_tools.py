@@ -351,7 +351,7 @@ def test_offered_when_the_user_asks(counter: ChatTemplateCounter, tmp_path: Path
 
 
 def test_reminder_at_the_soft_ceiling_once_per_episode(counter: ChatTemplateCounter, tmp_path: Path) -> None:
-    h = make(counter, tmp_path, budget=8000)
+    h = make(counter, tmp_path, budget=8000, rollback=True)  # rollback: the episode goes on past the limit
     first = call(h, ("shell", {"command": "emit 11000"}))  # past 80 % of the limit
     assert any(o.startswith("[context] The context is at") for o in first.observations)
     call(h, ("context_drop", {"handles": ["call_1_0"]}))

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from ctxrl.env import skills
 from ctxrl.env.modes import MODES
 from ctxrl.env.policies import make_policy, managers
 from ctxrl.env.policies.view import Call, Plan, View, read_view
@@ -83,3 +84,15 @@ def test_a_skill_with_a_later_threshold_compacts_later_in_a_real_episode() -> No
     peak = [max(s.context_tokens for s in ep.steps[: first_edit[j]]) for j, ep in enumerate((default, later))]
     assert first_edit[0] < first_edit[1]
     assert peak[0] < peak[1]  # the later skill let the context grow further before compacting
+
+
+@pytest.mark.parametrize(
+    ("skill", "means"),
+    [(skills.FILE_SKILL, "edit"), (skills.TOOLS_SKILL, "context_note"), (skills.USAGE_SKILL, "archiv")],
+)
+def test_every_managing_skill_states_the_three_cost_rules(skill: str, means: str) -> None:
+    rules = [line for line in skill.splitlines() if line.startswith("- ")]
+    assert rules[0].startswith("- Batch")
+    assert any(r.startswith("- Mind the tail") for r in rules)
+    assert any(r.startswith("- Be generous") for r in rules)
+    assert all("re-read" in r or "read" in r for r in rules) and means in skill

@@ -30,25 +30,80 @@ READOUT = "[context: {tokens}/{limit} tokens ({percent}% of the limit)]"
 NUDGE_INFO = "[context] {percent}% of the budget is in use ({tokens}/{budget} tokens)."
 NUDGE_MID = (
     "[context] {percent}% of the budget is in use ({tokens}/{budget} tokens). "
-    "Finish the unit of work in flight, then tidy {file} once."
+    "Finish the unit of work in flight, then {tidy} once."
 )
-NUDGE_HIGH = (
-    "[context] {percent}% of the budget is in use ({tokens}/{budget} tokens). Compact settled spans of {file} "
-    "(finished work, outputs already used) in one batched edit, without wiping what you still need."
-)
+NUDGE_HIGH = "[context] {percent}% of the budget is in use ({tokens}/{budget} tokens). {compact}"
 URGENT = (
     "[context] URGENT: {room} tokens left before the limit of {limit}; the next large output may overflow. "
-    "Compact {file} now."
+    "{compact_now}"
 )
 OVERFLOW = (
     "[context] Overflow: the context passed the limit of {limit} tokens, so the newest {turns} turn(s) were "
-    "rolled back to free {free} tokens. Output that did not fit came from: {commands}.{also} Condense {file} "
+    "rolled back to free {free} tokens. Output that did not fit came from: {commands}.{also} {condense} "
     "before running them again, or cut their output (head, grep, wc)."
 )
 FINAL_TURN = (
     "[context] Final turn: the context overflowed {count} times without being condensed. "
     "Submit your answer now with the submit tool; the episode stops after this turn."
 )
+
+
+@dataclass(frozen=True)
+class Means:
+    """How a mode's nudges and overflow note name the model's own means of shrinking its context.
+
+    Each mode words them for the tools it gives (file mode names its context file, tools mode its context
+    tools, usage mode eviction and the archive), so no note points at a file or tool that does not exist.
+    """
+
+    tidy: str
+    """Completes "Finish the unit of work in flight, then ... once." (the middle tiers)."""
+    compact: str
+    """The top tier's advice, a whole sentence."""
+    compact_now: str
+    """The urgent nudge's advice, a whole sentence."""
+    condense: str
+    """Starts "... before running them again" in the overflow note."""
+
+    @classmethod
+    def for_file(cls, name: str) -> Means:
+        """File mode's wording, naming the context file ``name``."""
+        return cls(
+            tidy=f"tidy {name}",
+            compact=(
+                f"Compact settled spans of {name} (finished work, outputs already used) in one batched edit, "
+                "without wiping what you still need."
+            ),
+            compact_now=f"Compact {name} now.",
+            condense=f"Condense {name}",
+        )
+
+
+@dataclass(frozen=True)
+class BudgetFeatures:
+    """Which parts of the budget machinery a mode uses; each mode's defaults are its seed's behaviour.
+
+    ``HarnessConfig.readout`` / ``nudges`` / ``rollback`` override them for a run (None keeps the mode's).
+    """
+
+    readout: bool = True
+    """Every tool result ends with the ``[context: n/limit tokens]`` readout."""
+    nudges: bool = True
+    """Tier nudges and the urgent nudge."""
+    rollback: bool = True
+    """Over the limit, the newest turns are rolled back; False: the episode ends with ``overflow``."""
+    pressure: str = "optional"
+    """The mid-turn pressure pass: ``always`` (it is the mode), ``default`` (on unless the mode's config
+    turns it off), ``optional`` (only with ``modes.pressure.enabled``), ``never``."""
+
+    def resolve(self, cfg: HarnessConfig) -> BudgetFeatures:
+        """These features with the run's overrides (``cfg.readout``, ``cfg.nudges``, ``cfg.rollback``) applied."""
+        return BudgetFeatures(
+            readout=self.readout if cfg.readout is None else cfg.readout,
+            nudges=self.nudges if cfg.nudges is None else cfg.nudges,
+            rollback=self.rollback if cfg.rollback is None else cfg.rollback,
+            pressure=self.pressure,
+        )
 
 
 @dataclass
@@ -78,10 +133,11 @@ def readout(tokens: int, limit: int) -> str:
     return READOUT.format(tokens=tokens, limit=limit, percent=percent(tokens, limit))
 
 
-def tier_nudge(state: BudgetState, tokens: int, cfg: HarnessConfig) -> str | None:
+def tier_nudge(state: BudgetState, tokens: int, cfg: HarnessConfig, means: Means | None = None) -> str | None:
     """The nudge of the highest tier newly reached at ``tokens`` (or None); fires once, re-arms below.
 
-    Tiers reached together fire as one message, the highest. Mutates ``state.fired``.
+    Tiers reached together fire as one message, the highest. Mutates ``state.fired``. ``means`` words the
+    advice (default: file mode's, naming ``cfg.context_file``).
     """
     reached = [i for i, f in enumerate(cfg.nudge_fractions) if tokens >= f * cfg.budget]
     for i, frac in enumerate(cfg.nudge_fractions):
@@ -95,8 +151,13 @@ def tier_nudge(state: BudgetState, tokens: int, cfg: HarnessConfig) -> str | Non
     tier = max(new)
     last = len(cfg.nudge_fractions) - 1
     template = NUDGE_INFO if tier == 0 else NUDGE_HIGH if tier == last else NUDGE_MID
+    means = means or Means.for_file(cfg.context_file)
     return template.format(
-        percent=percent(tokens, cfg.budget), tokens=tokens, budget=cfg.budget, file=cfg.context_file
+        percent=percent(tokens, cfg.budget),
+        tokens=tokens,
+        budget=cfg.budget,
+        tidy=means.tidy,
+        compact=means.compact,
     )
 
 
@@ -106,13 +167,16 @@ def urgent_band(limit: int, recent_outputs: Sequence[int], cfg: HarnessConfig) -
     return max(int(cfg.urgent_limit_fraction * limit), int(cfg.urgent_output_factor * largest))
 
 
-def urgent_nudge(tokens: int, recent_outputs: Sequence[int], cfg: HarnessConfig) -> str | None:
+def urgent_nudge(
+    tokens: int, recent_outputs: Sequence[int], cfg: HarnessConfig, means: Means | None = None
+) -> str | None:
     """The urgent nudge while the room left is inside the band (never below ``urgent_min_fill``)."""
     limit = cfg.limit
     room = limit - tokens
     if tokens < cfg.urgent_min_fill * limit or room >= urgent_band(limit, recent_outputs, cfg):
         return None
-    return URGENT.format(room=max(room, 0), limit=limit, file=cfg.context_file)
+    means = means or Means.for_file(cfg.context_file)
+    return URGENT.format(room=max(room, 0), limit=limit, compact_now=means.compact_now)
 
 
 def rollback_margin(cfg: HarnessConfig, ignored_rollbacks: int) -> int:
@@ -151,11 +215,11 @@ def overflow_note(
     removed: Sequence[Turn],
     culprits: Sequence[ToolCall],
     freed: int,
-    target: str | None = None,
+    means: Means | None = None,
 ) -> str:
     """The note after a rollback: how much was freed, the calls whose output overflowed (``culprits``,
-    the calls of the step that passed the limit) and any other rolled-back calls. ``target`` names what to
-    condense (default: the context file; modes without one pass e.g. "your context")."""
+    the calls of the step that passed the limit) and any other rolled-back calls. ``means`` words what to
+    condense (default: file mode's, naming the context file)."""
     culprit_ids = {c.id for c in culprits}
     named = ", ".join(f"`{describe_call(c)}`" for c in culprits) or "(no command: the model's own text)"
     others = [describe_call(c) for t in removed for c in t.tool_calls if c.id not in culprit_ids]
@@ -166,5 +230,5 @@ def overflow_note(
         free=freed,
         commands=named,
         also=also,
-        file=target or cfg.context_file,
+        condense=(means or Means.for_file(cfg.context_file)).condense,
     )

@@ -23,6 +23,14 @@ class HarnessConfig:
 
     budget: int = 32000
     """Context budget in tokens (pinned prefix + editable region + generation prompt)."""
+    readout: bool | None = None
+    """Show the ``[context: n/limit tokens]`` readout on every tool result; None: the mode's own default
+    (its seed's: on in file mode only; :class:`ctxrl.env.budget.BudgetFeatures`)."""
+    nudges: bool | None = None
+    """Tier and urgent nudges; None: the mode's own default (on in file mode only)."""
+    rollback: bool | None = None
+    """Roll the newest turns back on overflow (else the episode ends with ``overflow``); None: the mode's
+    own default (on in file mode only; the other modes' backstop is their pressure pass, or nothing)."""
     reserve: int = 2048
     """Tokens kept free for the model's reply; the enforced limit is budget − reserve."""
     nudge_fractions: tuple[float, ...] = (0.25, 0.5, 0.75)

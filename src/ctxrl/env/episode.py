@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxrl.env.actions import FORMAT_ERROR_TOOL, parse_tool_calls
+from ctxrl.env.budget import Means
 from ctxrl.env.config import HarnessConfig
 from ctxrl.env.context import ChatTemplateCounter, ToolCall, canonical_json
 from ctxrl.env.harness import Action, Harness, StepResult
@@ -118,7 +119,7 @@ class TaskToolsMode(Mode):
     def __init__(self, inner: Mode, task: Task) -> None:
         self.inner = inner
         self.name = inner.name
-        self.rolls_back = inner.rolls_back
+        self.budget = inner.budget
         self._task_tools = {t.name: t for t in task.tools}
 
     def tool_schemas(self, config: HarnessConfig) -> list[dict[str, Any]]:
@@ -142,6 +143,9 @@ class TaskToolsMode(Mode):
 
     def signal(self, episode: Episode) -> str | None:
         return self.inner.signal(episode)
+
+    def means(self, config: HarnessConfig) -> Means:
+        return self.inner.means(config)
 
 
 # --- prompt ids ------------------------------------------------------------------------------------------
@@ -347,7 +351,9 @@ class TaskEpisode:
         mode = TaskToolsMode(make_mode(self.mode, self.config), self.task)
         self.harness = Harness(self.config, self.builder.counter, mode=mode)
         self.messages = self.harness.reset(
-            system_prompt(self.skill, self.config.context_file), self.task.prompt, self.workspace
+            system_prompt(self.skill, self.config.context_file, readout=self.harness.features.readout),
+            self.task.prompt,
+            self.workspace,
         )
         self.tools = self.harness.tools
         self.prompt_ids = self.builder.full(self.messages, self.tools)

@@ -41,7 +41,7 @@ from ctxrl.env.context import (
 )
 from ctxrl.env.modes.base import SUBMIT, CallOutcome, CommandRunner, Episode, Mode, StepNotes
 from ctxrl.env.modes.file import FileMode
-from ctxrl.env.monitor import Flag, scan
+from ctxrl.env.monitor import Flag, argument_texts, scan
 from ctxrl.env.receipts import Receipt
 from ctxrl.env.sandbox import Sandbox, SandboxConfig
 from ctxrl.errors import UsageError
@@ -117,7 +117,7 @@ class StepResult:
     """Contents of the turns the harness appended this step (tool results, notes), in order."""
     receipts: tuple[Receipt, ...]
     readout: str
-    """The last readout line shown."""
+    """The latest readout line (shown to the model only where the mode's readout feature is on)."""
     tokens: int
     """Context size (calibrated prompt tokens) after the step."""
     nudges: tuple[str, ...]
@@ -180,6 +180,10 @@ class Harness:
         self.config = config
         self.counter = counter
         self.mode: Mode = mode if mode is not None else FileMode()
+        self.features = self.mode.budget.resolve(config)
+        """The budget machinery this run uses: the mode's seed defaults with the config's overrides."""
+        self.means = self.mode.means(config)
+        """How nudges and the overflow note name the mode's means of shrinking the context."""
         self.runner_factory = runner_factory
         self._episode: Episode | None = None
 
@@ -251,6 +255,8 @@ class Harness:
         calls = self._fresh_ids(calls[: len(outcomes)])
         receipts = tuple(o.receipt for o in outcomes if o.receipt is not None)
         flags += [f for o in outcomes for f in o.flags]
+        if cfg.monitor:
+            flags += self._argument_flags(calls, {f.text for f in flags})
         edited = any(r.applied for r in receipts)
         if any(r.applied and r.after < r.before for r in receipts):
             self._budget.ignored_rollbacks = 0  # the model condensed: earlier rollbacks were not ignored
@@ -283,8 +289,8 @@ class Harness:
 
         rolled = 0
         commands: tuple[str, ...] = ()
-        if reason is None and ctx.tokens > cfg.limit and not self.mode.rolls_back:
-            reason = "overflow"  # a mode without rollback (append-only) fails on overflow
+        if reason is None and ctx.tokens > cfg.limit and not self.features.rollback:
+            reason = "overflow"  # without rollback (every mode but file, by default) an overflow fails
         if reason is None and ctx.tokens > cfg.limit:
             rolled, commands, note = self._rollback(calls)
             observations.append(note)
@@ -314,6 +320,23 @@ class Harness:
             answer=answer,
             events=post.events,
         )
+
+    def _argument_flags(self, calls: Sequence[ToolCall], seen: set[str]) -> list[Flag]:
+        """Monitor flags for the text of the calls' arguments (a ``context_note``'s note, a command), the
+        submitted answer excepted; a line holding a text already flagged this step (the file region of the
+        same edit) is not flagged twice."""
+        ctx = self._live().context
+        origin = f"{ctx.system_prompt}\n{ctx.task}"
+        out: list[Flag] = []
+        for call in calls:
+            if call.name == SUBMIT:
+                continue
+            for text in argument_texts(call.args()):
+                for flag in scan(text, "arguments", origin):
+                    if not any(line in flag.text for line in seen):
+                        seen.add(flag.text)
+                        out.append(flag)
+        return out
 
     def _with_ids(self, calls: Sequence[ToolCall]) -> tuple[ToolCall, ...]:
         """Calls with episode-unique, header-safe ids and names (the model's own ids kept where valid).
@@ -411,17 +434,21 @@ class Harness:
         if turn.role == "tool":
             self._budget.recent_outputs.append(body.tokens)
         size = ctx.tokens_of([*ctx.turns, body])
-        lines = [bud.readout(size, cfg.limit)]
+        shown = bud.readout(size, cfg.limit)
+        lines = [shown] if self.features.readout else []
         nudges: list[str] = []
         if last and not ending:
-            urgent = bud.urgent_nudge(size, self._budget.recent_outputs, cfg)
-            tier = bud.tier_nudge(self._budget, size, cfg)  # always called so tiers fire/re-arm in order
-            nudges = [urgent] if urgent else [tier] if tier else []
+            if self.features.nudges:
+                urgent = bud.urgent_nudge(size, self._budget.recent_outputs, cfg, self.means)
+                tier = bud.tier_nudge(
+                    self._budget, size, cfg, self.means
+                )  # always: tiers fire/re-arm in order
+                nudges = [urgent] if urgent else [tier] if tier else []
             left = self._turns_left()
             if 0 < left <= cfg.finalize_turns:
                 nudges.append(FINALIZE.format(left=left))
         ctx.append(replace(turn, content="\n".join([turn.content, *lines, *nudges])))
-        return lines[0], nudges
+        return shown, nudges
 
     def _rollback(self, culprits: Sequence[ToolCall]) -> tuple[int, tuple[str, ...], str]:
         """Roll back the newest turns until the margin is free; append the overflow note naming
@@ -433,12 +460,12 @@ class Harness:
         cut = bud.rollback_cut(turns, ctx.tokens_of, cfg.limit - margin)
         removed = turns[cut:]
         ctx.replace_turns(turns[:cut])
-        target = cfg.context_file if self.mode.name == FileMode.name else "your context"
-        lines = [bud.overflow_note(cfg, removed, culprits, freed=cfg.limit - ctx.tokens, target=target)]
+        lines = [bud.overflow_note(cfg, removed, culprits, freed=cfg.limit - ctx.tokens, means=self.means)]
         if state.ignored_rollbacks > cfg.rollback_retries:
             self._final_turn = True
             lines.append(bud.FINAL_TURN.format(count=state.ignored_rollbacks))
-        lines.append(bud.readout(ctx.tokens, cfg.limit))
+        if self.features.readout:
+            lines.append(bud.readout(ctx.tokens, cfg.limit))
         note = "\n".join(lines)
         ctx.append(Turn("user", note))
         return len(removed), tuple(bud.describe_call(c) for c in culprits), note

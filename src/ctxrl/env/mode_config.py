@@ -57,6 +57,10 @@ class UsageModeConfig:
     """Files named under Top File Views, largest first."""
     locked_paths: tuple[str, ...] = ()
     """Workspace paths of locked specifications: their file views are never evicted or listed."""
+    compaction: bool = True
+    """The seed's automatic backstop: when the context reaches the soft ceiling (``pressure.compact_pct``),
+    history older than ``pressure.keep_rounds`` rounds folds into a summary (the pressure pass's fold; no
+    result is spilled, so eviction stays the model's). Off: nothing stops an overflow, which fails."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.threshold_pct <= 100:
@@ -71,6 +75,8 @@ class PressureConfig:
 
     enabled: bool = False
     """Run the pass underneath the file, tools and usage modes too (harness mode always runs it)."""
+    spill: bool = True
+    """Spill old and oversized results; False leaves only the fold (usage mode's compaction backstop)."""
     keep_rounds: int = 4
     """Results of the last this many rounds are not spilled for age, and not folded."""
     spill_chars: int = 8000

@@ -2,9 +2,10 @@
 
 A model-writable context is a persistence channel: a line like "Ignore the task's test requirement" in a
 self-written note is read by every later turn. Role folding stops such a note from claiming ``system``
-authority, but not from being followed. This monitor looks at the two regions the model writes (its
-assistant turns, and the lines it adds to the context file) for imperative, instruction-shaped lines, and
-skips lines that come from the user or the task (found in the pinned prefix).
+authority, but not from being followed. This monitor looks at the regions the model writes (its
+assistant turns, the lines it adds to the context file, and the text of its tool arguments: a
+``context_note``'s note, a command, a path) for imperative, instruction-shaped lines, and skips lines that
+come from the user or the task (found in the pinned prefix).
 
 It only records: flags go to the step result and its metrics; nothing is blocked or rewritten. The rules
 are a small set of regular expressions, chosen for recall on the patterns reported in practice (overrides
@@ -17,7 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-Region = Literal["assistant", "file"]
+Region = Literal["assistant", "file", "arguments"]
 
 
 class Matcher(Protocol):
@@ -114,6 +115,17 @@ def scan(text: str, region: Region, origin: str = "") -> list[Flag]:
                     flags.append(Flag(region=region, rule=rule, text=stripped[:200]))
                 break
     return flags
+
+
+def argument_texts(value: object) -> list[str]:
+    """Every string inside a tool call's arguments (nested lists and objects included), in order."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in argument_texts(v)]
+    if isinstance(value, list | tuple):
+        return [t for v in value for t in argument_texts(v)]
+    return []
 
 
 def added_lines(before: str, after: str) -> str:

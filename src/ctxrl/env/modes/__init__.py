@@ -21,9 +21,10 @@ Settings come from ``HarnessConfig.modes`` (:class:`ctxrl.env.mode_config.ModesC
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ctxrl.env import skills
+from ctxrl.env.budget import BudgetFeatures
 from ctxrl.env.config import HarnessConfig
 from ctxrl.env.mode_config import ModesConfig, PressureConfig
 from ctxrl.env.modes.base import Mode, StepNotes
@@ -36,21 +37,6 @@ from ctxrl.errors import ConfigError
 
 Generate = Callable[[str], str]
 """``generate(prompt_text) -> text``: the engine the ``engine`` summariser of the pressure pass calls."""
-
-
-@dataclass(frozen=True)
-class BudgetFeatures:
-    """Which parts of the shared budget machinery a mode uses."""
-
-    readout: bool = True
-    """Every tool result ends with the ``[context: n/limit tokens]`` readout."""
-    nudges: bool = True
-    """Tier nudges and the urgent nudge."""
-    rollback: bool = True
-    """Over the limit, the newest turns are rolled back; False: the episode ends with ``overflow``."""
-    pressure: str = "optional"
-    """The mid-turn pressure pass: ``always`` (it is the mode), ``default`` (on unless the mode's config
-    turns it off), ``optional`` (only with ``modes.pressure.enabled``), ``never``."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +54,7 @@ class ModeSpec:
     """The mode's own tools whose calls edit the context (file mode: none; its edits are shell commands on
     the context file, recognised by their receipts)."""
     budget: BudgetFeatures
+    """The budget machinery the mode's seed uses (the mode class's ``budget``, written once there)."""
     policy: str
     """The scripted reference policy that acts in this mode (:mod:`ctxrl.env.policies`)."""
 
@@ -81,7 +68,11 @@ def _tools(modes: ModesConfig, pressure: PressurePass) -> Mode:
 
 
 def _usage(modes: ModesConfig, pressure: PressurePass) -> Mode:
-    return UsageMode(modes, pressure if modes.pressure.enabled else None)
+    if modes.pressure.enabled:
+        return UsageMode(modes, pressure)
+    if modes.usage.compaction:  # seed 001's backstop: history folds at the soft ceiling; nothing is spilled
+        return UsageMode(modes, PressurePass(replace(modes.pressure, spill=False), pressure.summariser))
+    return UsageMode(modes, None)
 
 
 def _harness(modes: ModesConfig, pressure: PressurePass) -> Mode:
@@ -99,7 +90,7 @@ _SPECS = (
         _file,
         skills.FILE_SKILL,
         frozenset(),
-        BudgetFeatures(),
+        ManagedFileMode.budget,
         "file-manager",
     ),
     ModeSpec(
@@ -108,7 +99,7 @@ _SPECS = (
         _tools,
         skills.TOOLS_SKILL,
         frozenset(CONTEXT_TOOLS) - {"context_status"},
-        BudgetFeatures(pressure="default"),
+        ToolsMode.budget,
         "tools-manager",
     ),
     ModeSpec(
@@ -117,7 +108,7 @@ _SPECS = (
         _usage,
         skills.USAGE_SKILL,
         frozenset({"evict_file_view", "archive_thread"}),
-        BudgetFeatures(),
+        UsageMode.budget,
         "usage-manager",
     ),
     ModeSpec(
@@ -126,7 +117,7 @@ _SPECS = (
         _harness,
         skills.HARNESS_SKILL,
         frozenset(),
-        BudgetFeatures(pressure="always"),
+        HarnessMode.budget,
         "harness",
     ),
     ModeSpec(
@@ -135,7 +126,7 @@ _SPECS = (
         _append,
         skills.APPEND_SKILL,
         frozenset(),
-        BudgetFeatures(rollback=False, pressure="never"),
+        AppendMode.budget,
         "append",
     ),
 )

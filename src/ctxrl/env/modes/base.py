@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from ctxrl.env.budget import BudgetFeatures, Means
 from ctxrl.env.config import HarnessConfig
 from ctxrl.env.context import Context, ToolCall
 from ctxrl.env.monitor import Flag
@@ -70,8 +71,9 @@ class Mode(Protocol):
     """
 
     name: str
-    rolls_back: bool = True
-    """False: an overflow ends the episode (reason ``overflow``) instead of rolling the newest turns back."""
+    budget: BudgetFeatures = BudgetFeatures()
+    """The budget machinery the mode's seed uses (readout, nudges, rollback, pressure pass); a run overrides
+    the first three with ``HarnessConfig.readout`` / ``nudges`` / ``rollback``."""
 
     def tool_schemas(self, config: HarnessConfig) -> list[dict[str, Any]]:
         """The mode's tools as OpenAI-style function schemas."""
@@ -93,6 +95,11 @@ class Mode(Protocol):
     def signal(self, episode: Episode) -> str | None:
         """The text of the signal slot rendered after the conversation (None: no slot)."""
         return None
+
+    def means(self, config: HarnessConfig) -> Means:
+        """How nudges and the overflow note name this mode's means of shrinking the context (default: the
+        context file's)."""
+        return Means.for_file(config.context_file)
 
 
 def format_command_output(result: CommandResult) -> str:

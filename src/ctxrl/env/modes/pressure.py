@@ -154,6 +154,8 @@ class PressurePass:
 
     def _spill(self, episode: Episode, store: OverflowStore, pinned: Pinned) -> list[str]:
         ctx, cfg = episode.context, self.config
+        if not cfg.spill:
+            return []
         turns = list(ctx.turns)
         recent = _recent_start(turns, cfg.keep_rounds)
         ids = []

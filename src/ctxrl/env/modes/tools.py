@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ctxrl.env.budget import BudgetFeatures, Means
 from ctxrl.env.config import HarnessConfig
 from ctxrl.env.context import ToolCall, Turn
 from ctxrl.env.mode_config import ModesConfig
@@ -159,7 +160,9 @@ class ToolsMode(Mode):
     """Action-based context tools; see the module docstring for handles, refusals and offer rules."""
 
     name = "tools"
-    rolls_back = True
+    budget = BudgetFeatures(readout=False, nudges=False, rollback=False, pressure="default")
+    """Seed 000: no readout or tier nudges (``context_status`` reports usage; one reminder at the soft
+    ceiling); the pressure pass underneath is the backstop, not a rollback."""
 
     def __init__(self, config: ModesConfig, pressure: PressurePass | None = None) -> None:
         self.config = config
@@ -209,6 +212,15 @@ class ToolsMode(Mode):
         by_usage = ctx.tokens >= tcfg.offer_pct * limit
         by_round = tcfg.offer_round > 0 and state.shared.rounds.current >= tcfg.offer_round
         state.offered = by_usage or by_round or user_asked(ctx.task)
+
+    def means(self, config: HarnessConfig) -> Means:
+        return Means(
+            tidy="free settled results with one context_note or context_drop naming several handles",
+            compact="Replace settled results (finished work, outputs already used) with one context_note, or "
+            "context_drop them, in one call naming several handles; pin what you still need.",
+            compact_now="Drop or note settled results now (context_drop, context_note).",
+            condense="Drop or note settled results (context_drop, context_note)",
+        )
 
     @property
     def offered(self) -> bool:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ctxrl.env.budget import BudgetFeatures, Means
 from ctxrl.env.config import HarnessConfig
 from ctxrl.env.context import Context, ToolCall, Turn
 from ctxrl.env.mode_config import ModesConfig, UsageModeConfig
@@ -152,7 +153,9 @@ class UsageMode(Mode):
     """Agent-managed context; see the module docstring for categories, headers and grants."""
 
     name = "usage"
-    rolls_back = True
+    budget = BudgetFeatures(readout=False, nudges=False, rollback=False, pressure="default")
+    """Seed 001: the usage block (above its threshold) is the only signal; compaction (the pressure pass's
+    fold, no spill) is the automatic backstop, not a rollback."""
 
     def __init__(self, config: ModesConfig, pressure: PressurePass | None = None) -> None:
         self.config = config
@@ -185,6 +188,22 @@ class UsageMode(Mode):
                 shared.events.append(result.event(shared.rounds.current - 1))
                 edited = True
         return StepNotes((), shared.drain_events(), edited)
+
+    def means(self, config: HarnessConfig) -> Means:
+        ways = []
+        if self.ucfg.evict:
+            ways.append("evict file views you can re-read (evict_file_view)")
+        if self.ucfg.archive:
+            ways.append("archive finished turns (archive_thread)")
+        if not ways:
+            ways.append("keep outputs short (head, grep, wc)")
+        said = " and ".join(ways)
+        return Means(
+            tidy=said,
+            compact=f"In one step, {said}; write the exact values you still need in your own message first.",
+            compact_now=f"{said[0].upper()}{said[1:]} now.",
+            condense=f"{said[0].upper()}{said[1:]}",
+        )
 
     def signal(self, episode: Episode) -> str | None:
         """The usage block for the signal slot, or None below the threshold."""

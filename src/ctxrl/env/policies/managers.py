@@ -17,7 +17,7 @@ threshold explicitly instead (:class:`ctxrl.env.policies.ScriptedPolicy` does, t
 |---|---|---|
 | :func:`append` | ``append`` | never manages |
 | :func:`harness` | ``harness`` | never manages (the harness spills and folds); restates its facts in its own message every step, as the mode's skill asks |
-| :func:`tools` | ``tools`` | ``context_drop`` of every result of 300+ characters still in context, the facts in its own message (a ``context_note`` would carry a preserved-identifier block that costs more than it frees at small budgets) |
+| :func:`tools` | ``tools`` | once offered, one ``context_status`` (no readout in this mode); past the threshold ``context_drop`` of every result of 300+ characters still in context, the facts in its own message (a ``context_note`` would carry a preserved-identifier block that costs more than it frees at small budgets) |
 | :func:`usage` | ``usage`` | when the usage block shows or the readout passes the threshold: ``evict_file_view`` (if file views are open) and ``archive_thread`` of every finished turn, the facts in its own message |
 | :func:`file` | ``file`` | rewrites the context file with one user note holding the facts (``cat > context.md <<'EOF'``) |
 """
@@ -75,15 +75,22 @@ def harness(view: View, plan: Plan, threshold: float | None = None) -> str:
 
 
 def tools(view: View, plan: Plan, threshold: float | None = None) -> str:
-    """Past the threshold (and once the context tools are offered): one ``context_drop`` of every result still
-    in context, named by its ``m`` handle (computed from the text the model sees), the facts written in this
-    message (assistant messages are never dropped). Otherwise the task action."""
-    if _due(view, threshold) and "context_drop" in view.tools:
+    """Once the context tools are offered: one ``context_status`` to read the usage (tools mode has no
+    readout; later the reading is scaled by the growth of the text in view), then, past the threshold, one
+    ``context_drop`` of every result still in context, named by its ``m`` handle (computed from the text the
+    model sees), the facts written in this message (assistant messages are never dropped). Otherwise the
+    task action."""
+    if "context_drop" not in view.tools:
+        return render_action(plan.calls)
+    if view.tokens is None and not view.last_action_edited() and "context_status" not in view.last_calls():
+        return render_action([Call("context_status")])  # tools mode shows no readout: ask once, then scale
+    if _due(view, threshold):
+        reading = max((i for i, item in enumerate(view.items) if item.name == "context_status"), default=-1)
         handles = [
             message_handle("tool", item.text)
-            for item in view.items
-            if item.role == "tool" and not item.is_stub and len(item.text) >= DROP_MIN_CHARS
-        ][-64:]
+            for i, item in enumerate(view.items)
+            if item.role == "tool" and not item.is_stub and len(item.text) >= DROP_MIN_CHARS and i != reading
+        ][-64:]  # the latest context_status result stays: later fills are scaled from it
         if handles:
             return render_action([Call("context_drop", {"handles": handles})], prose=facts_block(plan.facts))
     return render_action(plan.calls)

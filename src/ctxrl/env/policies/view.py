@@ -14,13 +14,15 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ctxrl.env.actions import parse_tool_calls
 from ctxrl.env.modes import EDIT_TOOLS
 
 READOUT_RE = re.compile(r"\[context: (\d+)/(\d+) tokens \(\d+% of the limit\)\]")
+STATUS_RE = re.compile(r"\[context_status\] ([\d,]+) / ([\d,]+) tokens")
+"""The usage line of a ``context_status`` result (tools mode, which shows no readout)."""
 USAGE_HEADER = "Context Usage:"
 _CONTEXT_FILE = re.compile(r"is the file (\S+), one \[\[CTX_TURN")
 STUB_PREFIX = "[overflow id="
@@ -76,13 +78,28 @@ class View:
     """The context file file mode mirrors the region to (named in the ``shell`` tool's description)."""
     system: str = ""
     """The system prompt (base instructions and the skill), without the tool list."""
+    measured_chars: int | None = None
+    """Where ``tokens`` came from a ``context_status`` result: the characters of the prompt (system, task
+    and region) up to it. The prompt has changed since; :attr:`fill` scales the reading by its length."""
 
     @property
     def fill(self) -> float:
-        """The latest readout as a fraction of the limit (0.0 before the first readout)."""
+        """The latest reading as a fraction of the limit (0.0 before the first): the readout, or a
+        ``context_status`` reading scaled by how much the region's text has grown since it was taken."""
         if self.tokens is None or not self.limit:
             return 0.0
+        if self.measured_chars:
+            return self.tokens / self.limit * self.prompt_chars() / self.measured_chars
         return self.tokens / self.limit
+
+    def prompt_chars(self, end: int | None = None) -> int:
+        """Characters of the system prompt, the task and the region's texts (``items[:end]``)."""
+        return len(self.system) + len(self.task) + sum(len(i.text) for i in self.items[:end])
+
+    def last_calls(self) -> tuple[str, ...]:
+        """Names of the latest assistant message's tool calls."""
+        last = next((i for i in reversed(self.items) if i.role == "assistant"), None)
+        return tuple(call.name for _, call in last.calls) if last is not None else ()
 
     def texts(self) -> Iterator[str]:
         """Every text of the region in order: message contents (assistant prose included); no call arguments."""
@@ -158,18 +175,25 @@ def read_view(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str
                 name=message.get("name"),
             )
         )
-    tokens = limit = None
-    for item in reversed(items):
-        found = READOUT_RE.findall(item.text)
+    tokens = limit = measured = None
+    for index in range(len(items) - 1, -1, -1):
+        text = items[index].text
+        found = READOUT_RE.findall(text)
+        status = STATUS_RE.findall(text)
         if found:
             tokens, limit = int(found[-1][0]), int(found[-1][1])
+            break
+        if status:
+            tokens, limit = (int(x.replace(",", "")) for x in status[-1])
+            measured = index + 1  # made a character count below, once the system prompt is known
             break
     names = frozenset(str(t.get("function", t).get("name") or "") for t in tools)
     descriptions = " ".join(str(t.get("function", t).get("description") or "") for t in tools)
     named = _CONTEXT_FILE.search(descriptions)
     context_file = named.group(1) if named else "context.md"
     system = str(messages[0].get("content") or "")
-    return View(task, tuple(items), names, signal, tokens, limit, context_file, system)
+    view = View(task, tuple(items), names, signal, tokens, limit, context_file, system)
+    return view if measured is None else replace(view, measured_chars=view.prompt_chars(measured))
 
 
 _MESSAGE = re.compile(r"<\|im_start\|>([a-z]+)\n(.*?)<\|im_end\|>\n", re.DOTALL)
