@@ -148,3 +148,35 @@ def test_deepspeed_zero2_on_two_cpu_ranks_matches_ddp(ddp_run: Path, tmp_path: P
     assert ds.keys() == ddp.keys()
     for name, p in ds.items():
         torch.testing.assert_close(p, ddp[name], rtol=0, atol=1e-6, msg=name)
+
+
+def test_resume_under_deepspeed_is_a_one_line_error(tmp_path: Path) -> None:
+    """A ZeRO checkpoint holds one rank's optimiser shard, so resuming from it would restore a wrong state."""
+    from types import SimpleNamespace
+
+    from ctxrl.errors import UsageError
+    from ctxrl.rewards.advantages import AdvantageConfig
+    from ctxrl.train.config import TrainConfig
+    from ctxrl.train.grpo import TaskBatches, train
+    from ctxrl.train.rollout import RolloutConfig
+
+    deepspeed_acc = SimpleNamespace(
+        process_index=0,
+        num_processes=2,
+        is_main_process=True,
+        state=SimpleNamespace(deepspeed_plugin=object()),
+    )
+    with pytest.raises(UsageError, match="--resume is not supported under DeepSpeed"):
+        train(
+            TrainConfig(steps=1),
+            model_dir=tmp_path / "no-model",  # never reached: the check comes first
+            engine=None,  # type: ignore[arg-type]
+            tokenizer=None,
+            tasks=TaskBatches(("retention",), "train", "easy", count=1),
+            rollout_config=RolloutConfig(group_size=2),
+            advantages=AdvantageConfig(),
+            out=tmp_path / "run",
+            resume=True,
+            accelerator=deepspeed_acc,
+        )
+    assert not (tmp_path / "run").exists()
