@@ -7,8 +7,10 @@
 #
 #   bash scripts/train_multigpu.sh --accelerate ddp -- --config configs/train_tiny.yaml --out runs/ddp
 #
-# With no GPU the ddp config runs N (default 2) real gloo processes on the CPU, as `accelerate launch
-# --multi_gpu --num_processes N` does with no GPU present (`--cpu --num_processes N` silently runs one).
+# With no GPU, ddp runs N (default 2) real gloo processes on the CPU, as `accelerate launch --multi_gpu
+# --num_processes N` does with no GPU present (`--cpu --num_processes N` silently runs one), and
+# deepspeed_zero2 runs N gloo ranks on DeepSpeed's CPU accelerator (DS_ACCELERATOR=cpu; needs
+# `pip install 'ctxrl[deepspeed]'`, and a C++ compiler for the op DeepSpeed builds on its first start).
 # PYTHON selects the interpreter (default: python).
 set -euo pipefail
 
@@ -32,10 +34,14 @@ fi
 python="${PYTHON:-python}"
 gpus="$("$python" -c 'import torch; print(torch.cuda.device_count())')"
 
-if [[ "$gpus" -eq 0 && "$name" != ddp ]]; then
-  echo "train_multigpu.sh: no GPU here; only --accelerate ddp runs on the CPU" >&2
-  exit 2
+if [[ "$gpus" -eq 0 ]]; then
+  case "$name" in
+    ddp) ;;  # accelerate finds no GPU and starts gloo processes on the CPU
+    deepspeed_zero2) export DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}" ;;  # DeepSpeed would look for CUDA
+    *) echo "train_multigpu.sh: no GPU here; only --accelerate ddp or deepspeed_zero2 run on the CPU" >&2
+       exit 2 ;;
+  esac
+  gpus=2
 fi
-if [[ "$gpus" -eq 0 ]]; then gpus=2; fi  # the ddp config with no GPU present: gloo processes on the CPU
 exec "$python" -m accelerate.commands.launch --config_file "$config" --num_processes "${procs:-$gpus}" \
   -m ctxrl.cli train "$@"

@@ -10,8 +10,11 @@ from it (the engine, the tokenizer, the model folder); this module owns only the
 (:class:`ctxrl.train.config.TrainConfig`).
 
 Under ``accelerate launch`` every rank runs this same loop on its own tasks (batch ``step·W + r`` of
-:class:`TaskBatches` for rank r of W) with its own engine; DDP averages the gradients, and the loss is scaled
-so the average is the token mean over every rank's loss tokens.
+:class:`TaskBatches` for rank r of W) with its own engine; DDP (or DeepSpeed) averages the gradients, and the
+loss is scaled so the average is the token mean over every rank's loss tokens. Only the main rank writes
+metrics and checkpoints; every rank appends its own line per step to ``<out>/ranks/rank-<r>.jsonl`` (its
+process id, the task ids it rolled out and, at each checkpoint, the SHA-256 of its trainable weights), so a
+run shows which rank trained on what and that the ranks' weights agree.
 
 One step:
 
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import json
 import os
 import random
@@ -70,6 +74,7 @@ from ctxrl.train.trajectory import EpisodeRecord
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 METRICS = "metrics.jsonl"
+RANKS = "ranks"
 
 
 @dataclass(frozen=True)
@@ -128,10 +133,35 @@ def check_setup(config: TrainConfig, rollout_config: RolloutConfig, tasks_per_st
 
 
 def make_accelerator() -> Any:
-    """The accelerate ``Accelerator`` of this process (CPU where no CUDA device exists)."""
-    from accelerate import Accelerator
+    """The accelerate ``Accelerator`` of this process (CPU where no CUDA device exists).
 
-    return Accelerator(cpu=not torch.cuda.is_available())
+    Without CUDA, ``accelerate launch --multi_gpu`` (or ``torchrun``) ranks become gloo processes on the CPU.
+    DeepSpeed on the CPU needs two things accelerate does not do by itself: ``cpu=True`` would switch
+    DeepSpeed off, and without a device accelerate finds no process-group backend (every rank would then
+    believe it is rank 0 of 1), so the backend is named: gloo.
+    """
+    from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
+
+    if torch.cuda.is_available():
+        return Accelerator()
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+        return Accelerator(kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")])
+    return Accelerator(cpu=True)
+
+
+def _configure_deepspeed(acc: Any, config: TrainConfig) -> None:
+    """Under DeepSpeed: one microbatch per forward (the trainer batches by token budget itself, with no
+    dataloader for accelerate to read a batch size from) and the trainer's ``max_grad_norm`` as DeepSpeed's
+    clipping, since DeepSpeed clips inside its own step."""
+    plugin = getattr(acc.state, "deepspeed_plugin", None)
+    if plugin is None:
+        return
+    ds = plugin.deepspeed_config
+    if ds.get("train_micro_batch_size_per_gpu", "auto") == "auto":
+        ds["train_micro_batch_size_per_gpu"] = 1
+    ds["gradient_accumulation_steps"] = 1
+    ds["gradient_clipping"] = config.max_grad_norm or 0.0
 
 
 def train(
@@ -166,6 +196,11 @@ def train(
         raise UsageError(
             f"{out} already holds checkpoints; resume the run (--resume) or choose another --out"
         )
+    if resume and getattr(acc.state, "deepspeed_plugin", None) is not None:
+        raise UsageError(
+            "--resume is not supported under DeepSpeed (a checkpoint holds only the main rank's optimiser "
+            "shard); runs that must resume exactly train under the ddp accelerate config"
+        )
     out.mkdir(parents=True, exist_ok=True)
     seed_everything(config.seed + rank)
 
@@ -177,6 +212,7 @@ def train(
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=config.lr, weight_decay=config.weight_decay
     )
+    _configure_deepspeed(acc, config)
     model, optimizer = acc.prepare(model, optimizer)
     policy = acc.unwrap_model(model)
     packed = config.packing == "packed" or (config.packing == "auto" and packing_supported(policy))
@@ -189,6 +225,9 @@ def train(
     history: list[dict[str, float]] = []
     metrics_path = out / METRICS
     tracker: Tracker = NoTracker()
+    rank_path = out / RANKS / f"rank-{rank}.jsonl"
+    rank_path.parent.mkdir(exist_ok=True)
+    _truncate_metrics(rank_path, start)
     if acc.is_main_process:
         _truncate_metrics(metrics_path, start)  # a killed run may have logged steps past its checkpoint
         tracker = make_tracker(config.tracker, out, project=config.wandb_project, config=run_config)
@@ -198,10 +237,11 @@ def train(
         t0 = time.perf_counter()
         # ---- 1. rollout: this rank's tasks, G episodes each -------------------------------------------
         model.eval()
+        batch = tasks(step * world + rank)
         result = rollout(
             engine,
             tokenizer,
-            tasks(step * world + rank),
+            batch,
             rollout_config,
             geometry=geometry,
             harness=harness,
@@ -243,8 +283,10 @@ def train(
             n_mb = int(acc.reduce(torch.tensor(len(batches), device=acc.device), "max").item())
             for i in range(n_mb):
                 mb = batches[i] if i < len(batches) else _empty_microbatch(pad_id)
-                sync = contextlib.nullcontext() if i == n_mb - 1 else acc.no_sync(model)
-                with sync:
+                last = i == n_mb - 1
+                # DDP all-reduces on the last backward only; DeepSpeed steps its engine at the boundary
+                acc.sync_gradients = last
+                with contextlib.nullcontext() if last else acc.no_sync(model):
                     tensors = _to_tensors(mb, acc.device)
                     logprobs, entropy = token_logprobs(
                         model,
@@ -269,7 +311,9 @@ def train(
                 assert entropy is not None
                 entropy_sum += float((entropy * tensors["loss_mask"]).sum())
             if config.max_grad_norm is not None:
-                grad_norms.append(float(acc.clip_grad_norm_(model.parameters(), config.max_grad_norm)))
+                norm = acc.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+                if norm is not None:  # None under DeepSpeed before its first step
+                    grad_norms.append(float(norm))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         train_s = time.perf_counter() - t1
@@ -310,9 +354,19 @@ def train(
             if (step + 1) % config.log_every == 0 or step + 1 == config.steps:
                 bar.write(_summary(metrics))
 
-        # ---- 7. checkpoint ------------------------------------------------------------------------------
+        # ---- 7. checkpoint, and this rank's own record ---------------------------------------------------
+        record: dict[str, Any] = {
+            "step": step + 1,
+            "rank": rank,
+            "world": world,
+            "pid": os.getpid(),
+            "tasks": [t.task_id for t in batch],
+        }
         if step + 1 == config.steps or (config.save_every and (step + 1) % config.save_every == 0):
             save_checkpoint(out, step + 1, policy, optimizer, acc, config)
+            record["params_sha256"] = trainable_sha256(policy)
+        with rank_path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
 
     bar.close()
     tracker.finish()
@@ -534,6 +588,18 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def trainable_sha256(policy: Any) -> str:
+    """SHA-256 over the names, dtypes, shapes and bytes of the trainable parameters (in parameter order): equal
+    on two ranks exactly when their trainable weights are bit-for-bit equal."""
+    digest = hashlib.sha256()
+    for name, p in policy.named_parameters():
+        if p.requires_grad:
+            t = p.detach().cpu().contiguous()
+            digest.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+            digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _trainable_state(policy: Any) -> dict[str, torch.Tensor]:
