@@ -52,9 +52,16 @@ def _sandbox(workspace: Path) -> Sandbox:
         return Sandbox(workspace, SandboxConfig(backend="none", max_output_bytes=2_000_000))
 
 
+def _materialize(task: Task, folder: Path) -> None:
+    """The workspace and the private folder in one place, so one sandbox runs every tool (the harness keeps
+    them apart; these tests are about the tools)."""
+    task.materialize(folder)
+    task.materialize_private(folder)
+
+
 def _observe(task: Task, workspace: Path) -> list[str]:
     """Materialise ``task`` and run its observation calls in one sandboxed command; one output per call."""
-    task.materialize(workspace)
+    _materialize(task, workspace)
     command = " ; ".join(f"{call}; echo {SEP}" for call in task.metadata["observation_calls"])
     result = _sandbox(workspace).run(command)
     assert result.exit_code == 0 and result.truncated_bytes == 0, result.output[-500:]
@@ -223,7 +230,7 @@ def test_board_log_replays_to_the_expected_state_and_stale_states_fail(tmp_path:
 
 def test_offload_questions_need_every_report_and_details_can_be_reread(tmp_path: Path) -> None:
     task = make_task("offload", 6)
-    task.materialize(tmp_path)
+    _materialize(task, tmp_path)
     box = _sandbox(tmp_path)
     early = box.run("tools/questions")
     assert early.exit_code == 1 and "not yet opened" in early.output
@@ -290,7 +297,7 @@ def test_research_search_finds_each_hop_and_read_rejects_bad_ids(tmp_path: Path)
 
 def test_tool_arguments_in_every_form(tmp_path: Path) -> None:
     task = make_task("research", 1)
-    task.materialize(tmp_path)
+    _materialize(task, tmp_path)
     search = task.tool("search")
     query = 'it\'s a "quoted" $(rm -rf /) `x`; Calder'
     line = search.to_shell({"query": query, "k": 2})

@@ -66,6 +66,10 @@ from ctxrl.env.tasks.base import Task, Verdict, private_root
 from ctxrl.errors import ConfigError, UsageError
 
 Messages = list[dict[str, Any]]
+HARNESS_TOOL = (
+    "[harness] {command} is a harness tool, not a workspace script: call the tool {name} itself (its output "
+    "reaches the context whole; it cannot be piped, redirected or filtered). Nothing was run."
+)
 CALL_SYNTAX = 'write each call as <tool_call>{"name": ..., "arguments": {...}}</tool_call>'
 
 
@@ -114,7 +118,8 @@ class TaskToolsMode(Mode):
     A task tool call runs through the inner mode as the ``shell`` command it stands for, so the mode treats
     it like any command (rounds, turn headers, the context file sync). A harness tool (``ToolSpec.private``)
     runs the same way, but in a sandbox over the episode's private folder (:func:`private_root`) instead of
-    the workspace, so no shell command of the model can run, read or filter it. A call of a tool with a
+    the workspace, so no shell command of the model can run, read or filter it; a shell command that names
+    its path is answered with :data:`HARNESS_TOOL` and not run. A call of a tool with a
     ``view`` is announced to the inner mode as a file view before it runs (:meth:`Mode.file_view`). Every
     hook is the inner mode's.
     """
@@ -136,6 +141,10 @@ class TaskToolsMode(Mode):
             return format_outcome("a tool", f"{error}; {CALL_SYNTAX}", episode.context)
         spec = self._task_tools.get(call.name)
         if spec is None:
+            named = [t for t in self._task_tools.values() if t.private and call.name == "shell"]
+            named = [t for t in named if t.command in str(call.args().get("command", ""))]
+            if named:  # it is not in the workspace; say so rather than let the shell answer "not found"
+                return CallOutcome(HARNESS_TOOL.format(command=named[0].command, name=named[0].name))
             return self.inner.run_call(call, episode)
         args = call.args()
         shell = replace(call, name="shell", arguments=canonical_json({"command": spec.to_shell(args)}))

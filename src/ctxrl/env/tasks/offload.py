@@ -6,6 +6,10 @@ after every report has been opened in full. The questions ask for one field of o
 same unit appears in other reports with other values (those values are ``forbidden``). Keeping every report in
 context overflows; summarising them loses the exact values. The way through is to evict the views and re-read
 the few lines needed (``open_report --pattern`` or grep), since the files stay in the workspace.
+
+``open_report`` and ``questions`` are harness tools over a private copy of the reports (so a full read reaches
+the context whole: a shell cannot mark a report opened with ``open_report > /dev/null``, nor decode the
+questions); an ``open_report`` result is a file view of ``reports/<name>.txt`` (usage mode can evict it).
 """
 
 from __future__ import annotations

@@ -6,6 +6,9 @@ Vantor-9 born?" takes three hops (product → maker → founder → birth city),
 Distractors: look-alike products of the same brand made by other companies, and a CEO beside the founder in
 every company document; the answers their chains lead to are ``forbidden``. Reading every hop's document in
 full overflows the budget; a manager keeps the one fact each document contributes and drops the rest.
+
+``search`` and ``read`` are harness tools: the corpus is not in the workspace, so a document reaches the
+context whole. A ``read`` result is a file view of the document, keyed by its id (``D017``).
 """
 
 from __future__ import annotations
