@@ -43,7 +43,9 @@ def _act(episode: TaskEpisode, builder: PromptBuilder, text: str) -> Any:
 # --- item 8: document reads are file views ---------------------------------------------------------------
 
 
-def test_a_report_read_is_a_file_view_listed_and_evicted_by_its_path(tiny_tokenizer: Any, tmp_path: Path) -> None:
+def test_a_report_read_is_a_file_view_listed_and_evicted_by_its_path(
+    tiny_tokenizer: Any, tmp_path: Path
+) -> None:
     builder = PromptBuilder(tiny_tokenizer)
     episode = _episode("offload", "usage", builder, tmp_path, threshold_pct=0.0)
     site = episode.task.metadata["targets"][0]["report"].split("/")[1].removesuffix(".txt")

@@ -33,13 +33,13 @@ from ctxrl.errors import SandboxError, TaskError
 # Fingerprints of the default generation at the first train and first test seed. A change here means every
 # dataset built from these families changes: bump the family (e.g. a new name) instead of editing silently.
 PINNED = {
-    "retention": ("7b82355c2f4b583b", "5388a490bcdac825"),
-    "board": ("8429a42e6f3a6904", "d396b75ebc1b35de"),
-    "offload": ("f71160f884d616af", "a3fbd3f4a6ded0a2"),
-    # Changed on purpose (issue 12): only the verifier's command, which now grades from a trusted position;
-    # the prompt, files and tools are as before.
-    "repo": ("34e30ddc62a85f32", "e0bae079d3c1c05c"),
-    "research": ("25bd95c4b896559f", "1eb053b11480426f"),
+    # Changed on purpose (issue 11, items 12 and 13): harness tools and private files (every family), and the
+    # repo family's specification.
+    "retention": ("7db4c3c8da01981b", "4071a00ae8dc00dc"),
+    "board": ("31f5badc11935dc9", "1d25a12a4470f81f"),
+    "offload": ("5ef07e37d96cd6f0", "ae8b355239f5ea85"),
+    "repo": ("ae273177a9accdd2", "32b9f4757db404c2"),
+    "research": ("abd77378169fed1d", "2777e07916573934"),
 }
 
 SEP = "=====ctxrl-test-separator====="

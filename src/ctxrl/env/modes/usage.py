@@ -235,7 +235,10 @@ class UsageMode(Mode):
             if not _FAILED.search(outcome.output):
                 state.file_views[call.id], state.view_tools[call.id] = key, tool
                 outcome = CallOutcome(
-                    VIEW_HEAD.format(key=key) + outcome.output, outcome.receipt, outcome.context_only, outcome.flags
+                    VIEW_HEAD.format(key=key) + outcome.output,
+                    outcome.receipt,
+                    outcome.context_only,
+                    outcome.flags,
                 )
         if not self.ucfg.archive:
             return outcome

@@ -397,7 +397,9 @@ class Task:
     (:meth:`materialize_private`), never to the workspace. Data a shell must not read or filter lives here."""
 
     def __post_init__(self) -> None:
-        problem = _task_problem(self.budget_tokens, self.max_steps, self.files, self.tools, self.private_files)
+        problem = _task_problem(
+            self.budget_tokens, self.max_steps, self.files, self.tools, self.private_files
+        )
         if problem:
             raise TaskError(f"task {self.task_id!r}: {problem}")
 
@@ -509,7 +511,9 @@ class Task:
             "metadata": _field(d, "metadata", dict, where, default={}),
             "private_files": private_files,
         }
-        problem = _task_problem(values["budget_tokens"], values["max_steps"], files, values["tools"], private_files)
+        problem = _task_problem(
+            values["budget_tokens"], values["max_steps"], files, values["tools"], private_files
+        )
         if problem:
             raise TaskError(f"{where}: {problem}")
         return cls(**values)

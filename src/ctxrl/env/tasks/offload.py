@@ -144,7 +144,10 @@ def generate(seed: int, difficulty: str = "default") -> Task:
     expected = [t["value"] for t in targets]
 
     files = {f"reports/{site}.txt": _report(r, site, units) for site, units in data.items()}
-    private_files = {**files, ".task/questions.b64": base64.b64encode(json.dumps(questions).encode()).decode()}
+    private_files = {
+        **files,
+        ".task/questions.b64": base64.b64encode(json.dumps(questions).encode()).decode(),
+    }
     open_params: dict[str, Any] = {
         "type": "object",
         "properties": {

@@ -338,7 +338,9 @@ def _spec_pages(
     revision = 0
     for fn in decoys:
         page = r.randrange(early // 2, k.spec_pages)
-        lines_per_page[page].append(f"§{section[fn.name]} `{fn.name}` is restated: {_contract(fn, fn.params)}")
+        lines_per_page[page].append(
+            f"§{section[fn.name]} `{fn.name}` is restated: {_contract(fn, fn.params)}"
+        )
     last = r.randrange(max(early, k.spec_pages - 3), k.spec_pages)
     lines_per_page[last].append(
         f"§{section[buggy.name]} `{buggy.name}` is restated: {_contract(buggy, buggy.params)}"
@@ -406,7 +408,9 @@ def generate(seed: int, difficulty: str = "default") -> Task:
         if separating is not None:
             break
     else:
-        raise AssertionError("no function can carry a unique bug")  # 14 tested functions make this unreachable
+        raise AssertionError(
+            "no function can carry a unique bug"
+        )  # 14 tested functions make this unreachable
 
     files: dict[str, str] = {
         f"repo/{pkg}/__init__.py": f'"""{pkg}: bookkeeping helpers, implementing SPEC.md."""\n',
