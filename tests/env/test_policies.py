@@ -74,7 +74,9 @@ def test_good_managers_solve_every_family(policy: str, tokenizer: Any, tmp_path:
     for r in results:
         assert r.rollbacks == 0
         if r.family in CONTEXT_BOUND:
-            assert r.edits > 0 and r.receipts["applied"] == r.edits  # it managed, and every edit applied
+            # It managed, and every edit applied (a usage compaction may evict and archive in one step).
+            assert r.edits > 0 and r.receipts["applied"] >= r.edits
+            assert sum(n for kind, n in r.receipts.items() if kind != "applied") == 0
 
 
 def test_append_only_fails_where_context_binds(tokenizer: Any, tmp_path: Path) -> None:
