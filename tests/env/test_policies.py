@@ -96,7 +96,9 @@ def test_tools_manager_drops_results_and_keeps_facts(tokenizer: Any, tmp_path: P
 
 
 def test_harness_policy_restates_its_facts(tokenizer: Any, tmp_path: Path) -> None:
-    results = _run("harness", ["offload", "repo"], tokenizer, tmp_path)
+    # Offload only: since repo binds the context (issue 11, item 12), the harness-scheduled baseline fails it
+    # like the other bound families at the current pressure sizing (a spec page is under spill_chars).
+    results = _run("harness", ["offload"], tokenizer, tmp_path)
     assert all(r.success for r in results)
     actions, _ = _play("harness", make_task("offload", SEEDS[0]), tokenizer, tmp_path)
     assert all(a.startswith("[kept facts]\nreports opened:") for a in actions)
