@@ -324,7 +324,9 @@ def test_tool_arguments_in_every_form(tmp_path: Path) -> None:
     # Harness tools are no shell commands: the shell help lists only the workspace tools.
     assert "tools/search" not in task.tool_help()
     repo_help = make_task("repo", 1).tool_help()
-    assert "- tools/run_tests    # Run the repository's unit tests" in repo_help and "read_spec" not in repo_help
+    assert (
+        "- tools/run_tests    # Run the repository's unit tests" in repo_help and "read_spec" not in repo_help
+    )
 
 
 def test_tool_spec_checks_and_openai_form() -> None:
