@@ -25,8 +25,8 @@ from ctxrl.train.eval_table import episode_row
 from ctxrl.train.rollout import RolloutConfig, rollout
 
 SEEDS = list(split_seeds("test", 3))
-CONTEXT_BOUND = ("retention", "board", "offload", "research")
-"""Families whose observations do not fit the budget together (repo does not need management; see below)."""
+CONTEXT_BOUND = ("retention", "board", "offload", "repo", "research")
+"""Families whose observations do not fit the budget together: every family (repo since its paged spec)."""
 
 
 @pytest.fixture(scope="module")
@@ -74,16 +74,16 @@ def test_good_managers_solve_every_family(policy: str, tokenizer: Any, tmp_path:
     for r in results:
         assert r.rollbacks == 0
         if r.family in CONTEXT_BOUND:
-            assert r.edits > 0 and r.receipts["applied"] == r.edits  # it managed, and every edit applied
+            # It managed, and every edit applied (a usage compaction may evict and archive in one step).
+            assert r.edits > 0 and r.receipts["applied"] >= r.edits
+            assert sum(n for kind, n in r.receipts.items() if kind != "applied") == 0
 
 
 def test_append_only_fails_where_context_binds(tokenizer: Any, tmp_path: Path) -> None:
     results = _run("append", list(FAMILIES), tokenizer, tmp_path)
+    assert {r.family for r in results} == set(CONTEXT_BOUND)
     for r in results:
-        if r.family in CONTEXT_BOUND:
-            assert not r.success and r.reason == "overflow", r.task_id
-        else:  # repo: grep + a 22-line read fit the budget, so append-only succeeds (a known property)
-            assert r.success, r.task_id
+        assert not r.success and r.reason == "overflow", r.task_id
     assert all(r.edits == 0 for r in results)
 
 
@@ -96,7 +96,9 @@ def test_tools_manager_drops_results_and_keeps_facts(tokenizer: Any, tmp_path: P
 
 
 def test_harness_policy_restates_its_facts(tokenizer: Any, tmp_path: Path) -> None:
-    results = _run("harness", ["offload", "repo"], tokenizer, tmp_path)
+    # Offload only: since repo binds the context (issue 11, item 12), the harness-scheduled baseline fails it
+    # like the other bound families at the current pressure sizing (a spec page is under spill_chars).
+    results = _run("harness", ["offload"], tokenizer, tmp_path)
     assert all(r.success for r in results)
     actions, _ = _play("harness", make_task("offload", SEEDS[0]), tokenizer, tmp_path)
     assert all(a.startswith("[kept facts]\nreports opened:") for a in actions)
@@ -239,31 +241,58 @@ def test_repo_fix_comes_from_the_docstring() -> None:
     assert repo.find_fix("count_above_orders", fixed) is None
 
 
-def test_usage_manager_evicts_views_and_archives_finished_turns() -> None:
-    call = {"id": "c2", "type": "function", "function": {"name": "read_file", "arguments": {"path": "a.txt"}}}
-    messages = [
-        {"role": "system", "content": "s"},
-        {"role": "user", "content": "task"},
+def _turn(n: int, name: str, body: str, **arguments: Any) -> list[dict[str, Any]]:
+    """Round ``n`` of a usage-mode prompt: one call and its result under the turn header."""
+    call = {"id": f"c{n}", "type": "function", "function": {"name": name, "arguments": arguments}}
+    return [
         {"role": "assistant", "content": "", "tool_calls": [call]},
         {
             "role": "tool",
-            "tool_call_id": "c2",
-            "name": "read_file",
-            "content": "Turn #2\n40 tokens\n----\nFile: a.txt",
+            "tool_call_id": f"c{n}",
+            "name": name,
+            "content": f"Turn #{n}\n40 tokens\n----\n{body}",
         },
-        {"role": "user", "content": "Context Usage:\n- Overall: 80.0%"},
     ]
+
+
+def test_usage_manager_evicts_the_views_it_sees_and_archives_what_its_last_reclaim_left() -> None:
+    head = [{"role": "system", "content": "s"}, {"role": "user", "content": "task"}]
+    turns = [
+        *_turn(1, "evict_file_view", "[evict_file_view] evicted 1 view(s) of b.txt; 900 tokens reclaimed."),
+        *_turn(2, "read_file", "File: a.txt:1-3 of 3 lines\nx\ny\nz", path="a.txt"),
+        *_turn(3, "read_spec", "File view: SPEC.md\n=== SPEC.md, page 1 of 3 ===", page=1),
+        *_turn(4, "run_tests", "OK"),
+    ]
+    block = {"role": "user", "content": "Context Usage:\n- Overall: 80.0%"}
     tools = [{"type": "function", "function": {"name": n}} for n in ("evict_file_view", "archive_thread")]
-    action = managers.usage(read_view(messages, tools), Plan((Call("run_tests"),), ("fact one",)))
+    plan = Plan((Call("run_tests"),), ("fact one",))
+    # The handles are read off the results' heads (a read_file page, a task tool's document view).
+    action = managers.usage(read_view([*head, *turns, block], tools), plan)
     assert action == "\n".join(
         [
             "[kept facts]\nfact one",
-            '<tool_call>{"name": "evict_file_view", "arguments": {}}</tool_call>',
+            '<tool_call>{"name": "evict_file_view", "arguments": {"path": "a.txt"}}</tool_call>',
+            '<tool_call>{"name": "evict_file_view", "arguments": {"path": "SPEC.md"}}</tool_call>',
+            '<tool_call>{"name": "archive_thread", "arguments": {"ranges": [[1, 1]]}}</tool_call>',
+        ]
+    )
+    # With Top File Views in the block, the block's list is what is evicted.
+    listed = {
+        "role": "user",
+        "content": block["content"] + "\n- File Views: 30.0%\n- Top File Views:\n  - `SPEC.md`: 25.0%",
+    }
+    action = managers.usage(read_view([*head, *turns, listed], tools), plan)
+    assert '{"path": "SPEC.md"}' in action and '{"path": "a.txt"}' not in action
+    # No view open: archive every finished turn.
+    plain = [*head, *_turn(1, "run_tests", "FAILED"), *_turn(2, "run_tests", "OK"), block]
+    assert managers.usage(read_view(plain, tools), plan) == "\n".join(
+        [
+            "[kept facts]\nfact one",
             '<tool_call>{"name": "archive_thread", "arguments": {"ranges": [[1, 2]]}}</tool_call>',
         ]
     )
     # Below the threshold and without the usage block, the task action goes through unchanged.
-    quiet = read_view(messages[:-1], tools)
+    quiet = read_view([*head, *turns], tools)
     assert managers.usage(quiet, Plan((Call("run_tests"),))) == Call("run_tests").render()
 
 

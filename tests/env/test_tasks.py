@@ -33,13 +33,13 @@ from ctxrl.errors import SandboxError, TaskError
 # Fingerprints of the default generation at the first train and first test seed. A change here means every
 # dataset built from these families changes: bump the family (e.g. a new name) instead of editing silently.
 PINNED = {
-    "retention": ("7b82355c2f4b583b", "5388a490bcdac825"),
-    "board": ("8429a42e6f3a6904", "d396b75ebc1b35de"),
-    "offload": ("f71160f884d616af", "a3fbd3f4a6ded0a2"),
-    # Changed on purpose (issue 12): only the verifier's command, which now grades from a trusted position;
-    # the prompt, files and tools are as before.
-    "repo": ("34e30ddc62a85f32", "e0bae079d3c1c05c"),
-    "research": ("25bd95c4b896559f", "1eb053b11480426f"),
+    # Changed on purpose (issue 11, items 12 and 13): harness tools and private files (every family), and the
+    # repo family's specification.
+    "retention": ("7db4c3c8da01981b", "4071a00ae8dc00dc"),
+    "board": ("31f5badc11935dc9", "1d25a12a4470f81f"),
+    "offload": ("5ef07e37d96cd6f0", "ae8b355239f5ea85"),
+    "repo": ("ae273177a9accdd2", "32b9f4757db404c2"),
+    "research": ("abd77378169fed1d", "2777e07916573934"),
 }
 
 SEP = "=====ctxrl-test-separator====="
@@ -52,9 +52,16 @@ def _sandbox(workspace: Path) -> Sandbox:
         return Sandbox(workspace, SandboxConfig(backend="none", max_output_bytes=2_000_000))
 
 
+def _materialize(task: Task, folder: Path) -> None:
+    """The workspace and the private folder in one place, so one sandbox runs every tool (the harness keeps
+    them apart; these tests are about the tools)."""
+    task.materialize(folder)
+    task.materialize_private(folder)
+
+
 def _observe(task: Task, workspace: Path) -> list[str]:
     """Materialise ``task`` and run its observation calls in one sandboxed command; one output per call."""
-    task.materialize(workspace)
+    _materialize(task, workspace)
     command = " ; ".join(f"{call}; echo {SEP}" for call in task.metadata["observation_calls"])
     result = _sandbox(workspace).run(command)
     assert result.exit_code == 0 and result.truncated_bytes == 0, result.output[-500:]
@@ -223,7 +230,7 @@ def test_board_log_replays_to_the_expected_state_and_stale_states_fail(tmp_path:
 
 def test_offload_questions_need_every_report_and_details_can_be_reread(tmp_path: Path) -> None:
     task = make_task("offload", 6)
-    task.materialize(tmp_path)
+    _materialize(task, tmp_path)
     box = _sandbox(tmp_path)
     early = box.run("tools/questions")
     assert early.exit_code == 1 and "not yet opened" in early.output
@@ -290,7 +297,7 @@ def test_research_search_finds_each_hop_and_read_rejects_bad_ids(tmp_path: Path)
 
 def test_tool_arguments_in_every_form(tmp_path: Path) -> None:
     task = make_task("research", 1)
-    task.materialize(tmp_path)
+    _materialize(task, tmp_path)
     search = task.tool("search")
     query = 'it\'s a "quoted" $(rm -rf /) `x`; Calder'
     line = search.to_shell({"query": query, "k": 2})
@@ -314,7 +321,12 @@ def test_tool_arguments_in_every_form(tmp_path: Path) -> None:
     assert box.run("tools/search --query x --k two").exit_code == 2
     assert box.run("tools/search").exit_code == 2
     assert "Search the corpus" in box.run("tools/search --help").output
-    assert "tools/search --query STRING [--k INTEGER]" in task.tool_help()
+    # Harness tools are no shell commands: the shell help lists only the workspace tools.
+    assert "tools/search" not in task.tool_help()
+    repo_help = make_task("repo", 1).tool_help()
+    assert (
+        "- tools/run_tests    # Run the repository's unit tests" in repo_help and "read_spec" not in repo_help
+    )
 
 
 def test_tool_spec_checks_and_openai_form() -> None:

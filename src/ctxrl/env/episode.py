@@ -63,10 +63,14 @@ from ctxrl.env.modes.common import format_outcome, store_root
 from ctxrl.env.sandbox import Sandbox, SandboxConfig, remove_tree
 from ctxrl.env.skills import system_prompt
 from ctxrl.env.special import neutral_messages
-from ctxrl.env.tasks.base import Task, Verdict
+from ctxrl.env.tasks.base import Task, Verdict, private_root
 from ctxrl.errors import ConfigError, UsageError
 
 Messages = list[dict[str, Any]]
+HARNESS_TOOL = (
+    "[harness] {command} is a harness tool, not a workspace script: call the tool {name} itself (its output "
+    "reaches the context whole; it cannot be piped, redirected or filtered). Nothing was run."
+)
 CALL_SYNTAX = 'write each call as <tool_call>{"name": ..., "arguments": {...}}</tool_call>'
 
 
@@ -110,17 +114,24 @@ def episode_config(
 
 
 class TaskToolsMode(Mode):
-    """A mode plus the task's tools (run as workspace scripts) and the format receipt for malformed calls.
+    """A mode plus the task's tools and the format receipt for malformed calls.
 
     A task tool call runs through the inner mode as the ``shell`` command it stands for, so the mode treats
-    it like any command (rounds, turn headers, the context file sync). Every hook is the inner mode's.
+    it like any command (rounds, turn headers, the context file sync). A harness tool (``ToolSpec.private``)
+    runs the same way, but in a sandbox over the episode's private folder (:func:`private_root`) instead of
+    the workspace, so no shell command of the model can run, read or filter it; a shell command that names
+    its path is answered with :data:`HARNESS_TOOL` and not run. A call of a tool with a
+    ``view`` is announced to the inner mode as a file view before it runs (:meth:`Mode.file_view`). Every
+    hook is the inner mode's.
     """
 
     def __init__(self, inner: Mode, task: Task) -> None:
         self.inner = inner
         self.name = inner.name
         self.budget = inner.budget
+        self.task = task
         self._task_tools = {t.name: t for t in task.tools}
+        self._private: Sandbox | None = None
 
     def tool_schemas(self, config: HarnessConfig) -> list[dict[str, Any]]:
         return [*self.inner.tool_schemas(config), *(t.to_openai() for t in self._task_tools.values())]
@@ -131,11 +142,30 @@ class TaskToolsMode(Mode):
             return format_outcome("a tool", f"{error}; {CALL_SYNTAX}", episode.context)
         spec = self._task_tools.get(call.name)
         if spec is None:
+            named = [t for t in self._task_tools.values() if t.private and call.name == "shell"]
+            named = [t for t in named if t.command in str(call.args().get("command", ""))]
+            if named:  # it is not in the workspace; say so rather than let the shell answer "not found"
+                return CallOutcome(HARNESS_TOOL.format(command=named[0].command, name=named[0].name))
             return self.inner.run_call(call, episode)
-        shell = replace(call, name="shell", arguments=canonical_json({"command": spec.to_shell(call.args())}))
-        return self.inner.run_call(shell, episode)
+        args = call.args()
+        shell = replace(call, name="shell", arguments=canonical_json({"command": spec.to_shell(args)}))
+        key = spec.view_key(args)
+        if key is not None:
+            self.inner.file_view(episode, call.id, key, spec.name)
+        if not spec.private or self._private is None:
+            return self.inner.run_call(shell, episode)
+        workspace_runner, episode.runner = episode.runner, self._private
+        try:
+            return self.inner.run_call(shell, episode)
+        finally:
+            episode.runner = workspace_runner
 
     def begin_episode(self, episode: Episode) -> None:
+        if any(t.private for t in self._task_tools.values()):
+            root = private_root(episode.workspace)
+            remove_tree(root)  # a kept folder of an earlier episode in the same place
+            self.task.materialize_private(root)
+            self._private = Sandbox(root, episode.config.sandbox)
         self.inner.begin_episode(episode)
 
     def after_step(self, episode: Episode, ending: bool) -> StepNotes:
@@ -403,6 +433,7 @@ class TaskEpisode:
         store = store_root(self.workspace, self.config.modes)
         if store is not None:
             remove_tree(store)
+        remove_tree(private_root(self.workspace))
 
     def _edit_calls(self, calls: Sequence[ToolCall], result: StepResult) -> list[int]:
         """Indices of the calls that edited the context (see the module docstring): a shell command or a

@@ -101,6 +101,12 @@ class Mode(Protocol):
         context file's)."""
         return Means.for_file(config.context_file)
 
+    def file_view(self, episode: Episode, call_id: str, key: str, tool: str) -> None:
+        """Call ``call_id`` (of the task tool ``tool``, run next through :meth:`run_call` as a ``shell``
+        command) reads the document ``key``; a mode that manages file views (usage) treats its result, if the
+        command succeeds, as a view of ``key``."""
+        return None
+
 
 def format_command_output(result: CommandResult) -> str:
     """The command's output as the model sees it, with its exit status when it failed."""

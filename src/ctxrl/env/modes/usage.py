@@ -7,7 +7,9 @@ granted; ``archive_thread {ranges}`` and ``search_archive {query}`` together whe
 **Categories** of the usage block, in this fixed order (a category holding nothing is left out):
 System Prompt (the system message with the tool schemas and the generation prompt), Task Prompt, Your
 Messages (assistant turns), Tool Output (tool results that are not file views, and the harness's notes),
-File Views (results of ``read_file``; a shell ``cat`` is Tool Output). Our message model has no text views,
+File Views (results of ``read_file``, and of the task tools that read a document, ``ToolSpec.view``: a report,
+a corpus document, a page of a spec, keyed by the document's path or id, and shown to the model on the
+result's first line, ``File view: <key>``; a failed read is no view; a shell ``cat`` is Tool Output). Our message model has no text views,
 so that band never appears. Shares are of the limit (budget − reserve: the window less what is held back),
 the same figure the threshold reads; the block is computed without itself.
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,7 +64,11 @@ from ctxrl.env.sandbox import SANDBOX_WORKDIR
 MAX_RANGES = 32
 MAX_SEARCH_RESULTS = 8
 HEADER = "Turn #{turn}\n{tokens:,} tokens\n----\n"
-EVICTED = "[file view evicted: {path}; the file is unchanged, read it again with read_file]"
+VIEW_HEAD = "File view: {key}\n"
+"""First line of a task tool's document view (after the turn header): the key ``evict_file_view`` takes."""
+_FAILED = re.compile(r"\n\[(?:exit code \d+|timed out [^\]\n]*)\]\Z")
+"""The status line :func:`ctxrl.env.modes.base.format_command_output` ends a failed command's output with."""
+EVICTED = "[file view evicted: {path}; the file is unchanged, read it again with {tool}]"
 CATEGORIES = ("System Prompt", "Task Prompt", "Your Messages", "Tool Output", "File Views")
 EVICT_LINE = (
     "evict_file_view {path}: drop the views of a file; it is unchanged on disk and can be read again."
@@ -145,7 +152,12 @@ class ArchiveEntry:
 class UsageState:
     shared: Shared
     file_views: dict[str, str] = field(default_factory=dict)
-    """Call id of a live ``read_file`` result -> its normalised path."""
+    """Call id of a live file view (a ``read_file`` or document-reading task tool result) -> its key (the
+    normalised path, or the task tool's document key)."""
+    view_tools: dict[str, str] = field(default_factory=dict)
+    """Call id of a live file view -> the tool that read it (named in the eviction stub)."""
+    announced: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """Call id of a task tool call about to run -> (document key, tool): a view if it succeeds."""
     archive: list[ArchiveEntry] = field(default_factory=list)
 
 
@@ -237,6 +249,16 @@ class UsageMode(Mode):
             "read_overflow": lambda: read_overflow(call, state.shared),
         }
         outcome = handlers[call.name]()
+        if call.id in state.announced:
+            key, tool = state.announced.pop(call.id)
+            if not _FAILED.search(outcome.output):
+                state.file_views[call.id], state.view_tools[call.id] = key, tool
+                outcome = CallOutcome(
+                    VIEW_HEAD.format(key=key) + outcome.output,
+                    outcome.receipt,
+                    outcome.context_only,
+                    outcome.flags,
+                )
         if not self.ucfg.archive:
             return outcome
         tokens = episode.context.counter.count_turn(
@@ -244,6 +266,11 @@ class UsageMode(Mode):
         )
         header = HEADER.format(turn=state.shared.rounds.current, tokens=tokens)
         return CallOutcome(header + outcome.output, outcome.receipt, outcome.context_only, outcome.flags)
+
+    def file_view(self, episode: Episode, call_id: str, key: str, tool: str) -> None:
+        """The next call ``call_id`` reads the document ``key``: its result, if the command succeeds, is a
+        file view (see the module docstring)."""
+        self.state(episode).announced[call_id] = (normalize_path(key), tool)
 
     def _live_views(self, episode: Episode, state: UsageState) -> dict[str, str]:
         """File views still in the context (call id -> path)."""
@@ -264,6 +291,7 @@ class UsageMode(Mode):
         page = lines[start - 1 : start - 1 + count]
         end = start + len(page) - 1
         state.file_views[call.id] = path
+        state.view_tools[call.id] = "read_file"
         head = (
             f"File: {path}:{start}-{end} of {len(lines)} lines"
             if page
@@ -302,10 +330,10 @@ class UsageMode(Mode):
         before = ctx.tokens
         for i in positions:
             t = turns[i]
-            turns[i] = Turn(
-                "tool", EVICTED.format(path=views[t.tool_call_id or ""]), (), t.tool_call_id, t.name
-            )
-            state.file_views.pop(t.tool_call_id or "", None)
+            cid = t.tool_call_id or ""
+            stub = EVICTED.format(path=views[cid], tool=state.view_tools.pop(cid, "read_file"))
+            turns[i] = Turn("tool", stub, (), t.tool_call_id, t.name)
+            state.file_views.pop(cid, None)
         ctx.replace_turns(turns)
         freed = before - ctx.tokens
         paths = sorted({views[turns[i].tool_call_id or ""] for i in positions})

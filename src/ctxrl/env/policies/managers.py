@@ -18,7 +18,7 @@ threshold explicitly instead (:class:`ctxrl.env.policies.ScriptedPolicy` does, t
 | :func:`append` | ``append`` | never manages |
 | :func:`harness` | ``harness`` | never manages (the harness spills and folds); restates its facts in its own message every step, as the mode's skill asks |
 | :func:`tools` | ``tools`` | once offered, one ``context_status`` (no readout in this mode); past the threshold ``context_drop`` of every result of 300+ characters still in context, the facts in its own message (a ``context_note`` would carry a preserved-identifier block that costs more than it frees at small budgets) |
-| :func:`usage` | ``usage`` | when the usage block shows or the readout passes the threshold: ``evict_file_view`` (if file views are open) and ``archive_thread`` of every finished turn, the facts in its own message |
+| :func:`usage` | ``usage`` | when the usage block shows or the readout passes the threshold: ``evict_file_view`` of every open file view by the path the prompt shows and ``archive_thread`` of the turns up to its previous reclaim; with no view open, ``archive_thread`` of every finished turn; the facts in its own message |
 | :func:`file` | ``file`` | rewrites the context file with one user note holding the facts (``cat > context.md <<'EOF'``) |
 """
 
@@ -28,7 +28,7 @@ import hashlib
 import re
 from typing import Protocol
 
-from ctxrl.env.policies.view import Call, Plan, View, facts_block, render_action
+from ctxrl.env.policies.view import Call, Plan, View, facts_block, render_action, strip_turn_header
 from ctxrl.env.skills import DEFAULT_COMPACT_PERCENT, compact_percent
 
 THRESHOLD = DEFAULT_COMPACT_PERCENT / 100
@@ -36,6 +36,10 @@ THRESHOLD = DEFAULT_COMPACT_PERCENT / 100
 DROP_MIN_CHARS = 300
 """Results shorter than this are left alone by the tools manager: their stub (~130 characters) would save little."""
 _TURN = re.compile(r"\ATurn #(\d+)\n")
+_RECLAIMS = ("[evict_file_view]", "[archive_thread]")
+"""How the results of usage mode's reclaim calls begin."""
+_TOP_VIEW = re.compile(r"^  - `([^`]+)`: [\d.]+%$", re.MULTILINE)
+_VIEW_HEAD = re.compile(r"\A(?:File view: (.+)|File: (\S+?):\d+-\d+ of \d+ lines)$", re.MULTILINE)
 
 
 class Manager(Protocol):
@@ -96,21 +100,41 @@ def tools(view: View, plan: Plan, threshold: float | None = None) -> str:
     return render_action(plan.calls)
 
 
+def open_views(view: View) -> list[str]:
+    """The file views open in the prompt, by the path (or document key) ``evict_file_view`` takes: the usage
+    block's Top File Views when it shows, else the heads of the results (``File view: <key>`` on a task
+    tool's document read, ``File: <path>:<from>-<to> of`` on a ``read_file`` page), in order, once each."""
+    if view.signal is not None and "- Top File Views:" in view.signal:
+        return _TOP_VIEW.findall(view.signal.split("- Top File Views:", 1)[1])
+    keys: list[str] = []
+    for item in view.items:
+        if item.role == "tool" and (m := _VIEW_HEAD.match(strip_turn_header(item.text))):
+            key = m.group(1) or m.group(2)
+            if key not in keys:
+                keys.append(key)
+    return keys
+
+
 def usage(view: View, plan: Plan, threshold: float | None = None) -> str:
-    """When the usage block shows or the readout passes the threshold: evict the open file views and archive
-    every finished turn, the facts written in this message (which stays). Otherwise the task action."""
+    """When the usage block shows or the readout passes the threshold: evict every open file view
+    (:func:`open_views`, by the path the prompt shows; a file view can be read again) and archive the turns
+    up to the previous reclaim (its kept facts are restated here); with no view open, archive every finished
+    turn (by the turn numbers on the results). The facts are written in this message
+    (which stays). Otherwise the task action."""
     if (view.signal is not None or _past(view, threshold)) and not view.last_action_edited():
+        paths = open_views(view) if "evict_file_view" in view.tools else []
         rounds = [
-            int(m.group(1)) for item in view.items if item.role == "tool" and (m := _TURN.match(item.text))
+            (int(m.group(1)), strip_turn_header(item.text))
+            for item in view.items
+            if item.role == "tool" and (m := _TURN.match(item.text))
         ]
-        views_open = any(
-            item.name == "read_file" and not item.text.startswith("[file view evicted") for item in view.items
-        )
-        calls = []
-        if views_open and "evict_file_view" in view.tools:
-            calls.append(Call("evict_file_view"))
-        if rounds and "archive_thread" in view.tools:
-            calls.append(Call("archive_thread", {"ranges": [[1, max(rounds)]]}))
+        calls = [Call("evict_file_view", {"path": path}) for path in paths]
+        if paths:  # archive what the previous reclaim left behind: its facts are restated in this message
+            upto = max((r for r, text in rounds if text.startswith(_RECLAIMS)), default=0)
+        else:
+            upto = max((r for r, _ in rounds), default=0)
+        if upto and "archive_thread" in view.tools:
+            calls.append(Call("archive_thread", {"ranges": [[1, upto]]}))
         if calls:
             return render_action(calls, prose=facts_block(plan.facts))
     return render_action(plan.calls)

@@ -5,7 +5,15 @@ Families (each a deterministic ``(seed, difficulty) -> Task``): ``retention``, `
 tools are invoked.
 """
 
-from ctxrl.env.tasks.base import VERIFIER_KINDS, Task, TaskSource, ToolSpec, VerifierSpec, task_fingerprint
+from ctxrl.env.tasks.base import (
+    VERIFIER_KINDS,
+    Task,
+    TaskSource,
+    ToolSpec,
+    VerifierSpec,
+    private_root,
+    task_fingerprint,
+)
 from ctxrl.env.tasks.loader import FileTaskSource, load_tasks
 from ctxrl.env.tasks.registry import (
     DIFFICULTIES,
@@ -34,6 +42,7 @@ __all__ = [
     "from_dataset_row",
     "load_tasks",
     "make_task",
+    "private_root",
     "split_of",
     "split_seeds",
     "task_fingerprint",

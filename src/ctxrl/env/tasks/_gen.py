@@ -284,18 +284,22 @@ def run(args):
 
 @dataclass(frozen=True)
 class Stream:
-    """A consumable stream of text parts, served one per call by a no-argument tool."""
+    """A consumable stream of text parts, served one per call by a no-argument harness tool.
+
+    The tool is private (``ToolSpec.private``) and its parts are ``private_files`` of the task: the stream is
+    not in the workspace, so a shell cannot grep it or filter a part before it reaches the context (which
+    would bypass the retention problem the stream poses)."""
 
     tool: ToolSpec
     files: dict[str, str]
+    """The task's ``private_files`` that hold the stream."""
 
 
 def stream_tool(name: str, description: str, parts: list[str]) -> Stream:
     """The tool ``tools/NAME`` that prints the next part of ``parts`` on each call, then an end marker."""
     params: dict[str, Any] = {"type": "object", "properties": {}, "required": []}
     command = f"tools/{name}"
-    tool = ToolSpec(
-        name, description, params, command, build_script(name, description, params, command, _STREAM_BODY)
-    )
+    script = build_script(name, description, params, command, _STREAM_BODY)
+    tool = ToolSpec(name, description, params, command, script, private=True)
     state = {"total": len(parts), "pending": parts}
     return Stream(tool=tool, files={STREAM_STATE: json.dumps(state, indent=0)})

@@ -3,8 +3,8 @@
 Everything here is a plain dataclass that round-trips through JSON (``to_dict`` / ``from_dict``), so built-in
 tasks, user tasks from JSONL or task folders, and rows of a ``datasets.Dataset`` are the same thing.
 
-What the model sees of a task: ``prompt``, the workspace (``files`` plus one executable script per tool) and the
-tools' names, descriptions and parameters. What it must not see: ``verifier`` (holds the answer) and
+What the model sees of a task: ``prompt``, the workspace (``files`` plus one executable script per workspace
+tool) and the tools' names, descriptions and parameters. What it must not see: ``verifier`` (holds the answer) and
 ``metadata`` (holds ground truth for tests and scripted policies). The environment keeps those two out of
 every observation.
 """
@@ -75,11 +75,40 @@ class ToolSpec:
     script: str | None = None
     """Python source written to the path ``command`` by :meth:`Task.materialize` (made executable); None for a
     command that already exists in the sandbox or among the task's files."""
+    private: bool = False
+    """A **harness tool**: its script (and the task's ``private_files`` it reads) live in the episode's private
+    folder (:func:`private_root`), not in the workspace, and only a function call runs it. A shell cannot
+    run, read or filter it, so its output reaches the context whole. False: a **workspace tool**, a script the
+    model may also run from the shell (and pipe, redirect or grep)."""
+    view: str | None = None
+    """The key of the document a successful call's output is a view of, as a template over the arguments
+    (``reports/{name}.txt``, ``{doc_id}``); None: the output is no document view (a consumed stream part, a
+    test report). Usage mode lists such results under File Views and ``evict_file_view`` drops them by key
+    (see :meth:`view_key`)."""
 
     def __post_init__(self) -> None:
         problem = _tool_problem(self.name, self.description, self.parameters, self.command, self.script)
+        problem = problem or _view_problem(self.view, self.parameters)
+        if self.private and self.script is None:
+            problem = problem or "field 'private' needs field 'script' (a harness tool runs its own script)"
         if problem:
             raise TaskError(f"tool {self.name!r}: {problem}")
+
+    def view_key(self, arguments: Mapping[str, Any]) -> str | None:
+        """The document key of a call with ``arguments`` (the :attr:`view` template filled with the argument
+        values as given, stripped), or None when the tool has no view or an argument it names is missing.
+
+        >>> ToolSpec("read", "", {"type": "object", "properties": {"doc_id": {}}}, "tools/read",
+        ...          view="doc {doc_id}").view_key({"doc_id": " D007 "})
+        'doc D007'
+        """
+        if self.view is None:
+            return None
+        names = set(_VIEW_FIELD.findall(self.view))
+        if not names <= set(arguments):
+            return None
+        values = {k: str(arguments[k]).strip() for k in names}
+        return _VIEW_FIELD.sub(lambda m: values[m.group(1)], self.view)
 
     def to_shell(self, arguments: Mapping[str, Any]) -> str:
         """The shell command line that runs this tool with ``arguments``; never raises on a mapping.
@@ -119,13 +148,15 @@ class ToolSpec:
             "parameters": self.parameters,
             "command": self.command,
             "script": self.script,
+            "private": self.private,
+            "view": self.view,
         }
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "tool") -> ToolSpec:
         """Build from a dict; a wrong or missing field raises :class:`TaskError` naming ``where`` and the field."""
         d = _expect_mapping(data, where)
-        _no_unknown(d, ("name", "description", "parameters", "command", "script"), where)
+        _no_unknown(d, ("name", "description", "parameters", "command", "script", "private", "view"), where)
         values = {
             "name": _field(d, "name", str, where),
             "description": _field(d, "description", str, where, default=""),
@@ -134,9 +165,30 @@ class ToolSpec:
             "script": _field(d, "script", (str, type(None)), where, default=None),
         }
         problem = _tool_problem(**values)
+        private = _field(d, "private", bool, where, default=False)
+        view = _field(d, "view", (str, type(None)), where, default=None)
+        problem = problem or _view_problem(view, values["parameters"])
+        if private and values["script"] is None:
+            problem = problem or "field 'private' needs field 'script' (a harness tool runs its own script)"
         if problem:
             raise TaskError(f"{where}: {problem}")
-        return cls(**values)
+        return cls(**values, private=private, view=view)
+
+
+_VIEW_FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_-]*)\}")
+
+
+def _view_problem(view: Any, parameters: Any) -> str | None:
+    """What is wrong with a tool's ``view`` template, or None."""
+    if view is None:
+        return None
+    if not isinstance(view, str) or not view.strip():
+        return "field 'view' must be a non-empty key template or null"
+    props = parameters.get("properties", {}) if isinstance(parameters, dict) else {}
+    unknown = [k for k in _VIEW_FIELD.findall(view) if k not in props]
+    if unknown:
+        return f"field 'view' names {unknown}, which are not parameters of the tool"
+    return None
 
 
 def _tool_problem(name: Any, description: Any, parameters: Any, command: Any, script: Any) -> str | None:
@@ -340,9 +392,14 @@ class Task:
     """Suggested step limit (``HarnessConfig.max_steps``)."""
     metadata: dict[str, Any] = field(default_factory=dict)
     """Hidden from the model: ground truth, sizes, notes for scripted policies and tests."""
+    private_files: dict[str, str] = field(default_factory=dict)
+    """Files only the harness tools (``ToolSpec.private``) see: written to the episode's private folder
+    (:meth:`materialize_private`), never to the workspace. Data a shell must not read or filter lives here."""
 
     def __post_init__(self) -> None:
-        problem = _task_problem(self.budget_tokens, self.max_steps, self.files, self.tools)
+        problem = _task_problem(
+            self.budget_tokens, self.max_steps, self.files, self.tools, self.private_files
+        )
         if problem:
             raise TaskError(f"task {self.task_id!r}: {problem}")
 
@@ -355,7 +412,8 @@ class Task:
         families are designed around (total observations several times the budget, one observation well
         under it) then hold for any tokenizer.
         """
-        sample = (self.prompt + "\n" + "\n".join(self.files[k] for k in sorted(self.files)))[:40_000]
+        every = {**self.private_files, **self.files}
+        sample = (self.prompt + "\n" + "\n".join(every[k] for k in sorted(every)))[:40_000]
         tokens = count_tokens(sample)
         if tokens <= 0:
             return self.budget_tokens
@@ -372,22 +430,35 @@ class Task:
         )
 
     def tool_help(self) -> str:
-        """How to call the tools from a shell, one line each (for file mode, where tools are scripts)."""
-        lines = [f"- {t.usage()}    # {t.description}" for t in self.tools]
+        """How to call the workspace tools from a shell, one line each (harness tools are function calls only)."""
+        lines = [f"- {t.usage()}    # {t.description}" for t in self.tools if not t.private]
         return "Task tools are executable scripts in the workspace; run them from the shell:\n" + "\n".join(
             lines
         )
 
     def materialize(self, workspace: Path) -> None:
-        """Write the task's files and tool scripts into ``workspace`` (created if needed; existing files are
-        overwritten). Tool scripts are made executable (0755)."""
+        """Write the task's files and workspace tool scripts into ``workspace`` (created if needed; existing
+        files are overwritten). Tool scripts are made executable (0755). Harness tools and ``private_files``
+        are not written here (:meth:`materialize_private`)."""
         root = Path(workspace)
         root.mkdir(parents=True, exist_ok=True)
         for rel, text in self.files.items():
             _write(root, rel, text)
         for tool in self.tools:
-            if tool.script is not None:
+            if tool.script is not None and not tool.private:
                 _write(root, tool.command, tool.script).chmod(0o755)
+
+    def materialize_private(self, root: Path) -> None:
+        """Write ``private_files`` and the harness tools' scripts into ``root`` (the episode's private folder,
+        :func:`private_root`; created if needed). The harness runs the harness tools there, out of the
+        model's reach."""
+        folder = Path(root)
+        folder.mkdir(parents=True, exist_ok=True)
+        for rel, text in self.private_files.items():
+            _write(folder, rel, text)
+        for tool in self.tools:
+            if tool.script is not None and tool.private:
+                _write(folder, tool.command, tool.script).chmod(0o755)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -403,6 +474,7 @@ class Task:
             "budget_tokens": self.budget_tokens,
             "max_steps": self.max_steps,
             "metadata": self.metadata,
+            "private_files": dict(self.private_files),
         }
 
     @classmethod
@@ -413,12 +485,14 @@ class Task:
         :class:`TaskError` naming ``where`` and the field."""
         d = _expect_mapping(data, where)
         known = ("task_id", "family", "split", "seed", "difficulty", "prompt", "files", "tools", "verifier",
-                 "budget_tokens", "max_steps", "metadata")  # fmt: skip
+                 "budget_tokens", "max_steps", "metadata", "private_files")  # fmt: skip
         _no_unknown(d, known, where)
         files = _field(d, "files", dict, where, default={})
-        for rel, text in files.items():
-            if not isinstance(text, str):
-                raise TaskError(f"{where}: field 'files': {rel!r} must map to the file's text")
+        private_files = _field(d, "private_files", dict, where, default={})
+        for name, mapping in (("files", files), ("private_files", private_files)):
+            for rel, text in mapping.items():
+                if not isinstance(text, str):
+                    raise TaskError(f"{where}: field {name!r}: {rel!r} must map to the file's text")
         tools_raw = _field(d, "tools", list, where, default=[])
         if "verifier" not in d:
             raise TaskError(f"{where}: missing field 'verifier'")
@@ -435,8 +509,11 @@ class Task:
             "budget_tokens": _field(d, "budget_tokens", int, where, default=8000),
             "max_steps": _field(d, "max_steps", int, where, default=40),
             "metadata": _field(d, "metadata", dict, where, default={}),
+            "private_files": private_files,
         }
-        problem = _task_problem(values["budget_tokens"], values["max_steps"], files, values["tools"])
+        problem = _task_problem(
+            values["budget_tokens"], values["max_steps"], files, values["tools"], private_files
+        )
         if problem:
             raise TaskError(f"{where}: {problem}")
         return cls(**values)
@@ -446,6 +523,13 @@ class Task:
         return task_fingerprint(self.to_dict())
 
 
+def private_root(workspace: Path) -> Path:
+    """The episode's private folder for ``workspace``: a sibling (``<workspace>.task``), so no command run
+    in the workspace sandbox can reach it."""
+    workspace = Path(workspace)
+    return workspace.parent / f"{workspace.name}.task"
+
+
 def task_fingerprint(task_dict: Mapping[str, Any]) -> str:
     """First 16 hex digits of the sha256 of the canonical JSON of a task dict."""
     blob = json.dumps(task_dict, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
@@ -453,17 +537,22 @@ def task_fingerprint(task_dict: Mapping[str, Any]) -> str:
 
 
 def _task_problem(
-    budget_tokens: int, max_steps: int, files: Mapping[str, str], tools: list[ToolSpec]
+    budget_tokens: int,
+    max_steps: int,
+    files: Mapping[str, str],
+    tools: list[ToolSpec],
+    private_files: Mapping[str, str] | None = None,
 ) -> str | None:
     """What is wrong with a task's fields (beyond their types), or None."""
     if budget_tokens <= 0:
         return f"field 'budget_tokens' must be a positive number of tokens, not {budget_tokens}"
     if max_steps <= 0:
         return f"field 'max_steps' must be a positive number of steps, not {max_steps}"
-    for path in files:
-        problem = _path_problem(path)
-        if problem:
-            return f"field 'files': {problem}"
+    for name, paths in (("files", files), ("private_files", private_files or {})):
+        for path in paths:
+            problem = _path_problem(path)
+            if problem:
+                return f"field {name!r}: {problem}"
     names = [t.name for t in tools]
     if len(set(names)) != len(names):
         return f"field 'tools': two tools share a name: {names}"

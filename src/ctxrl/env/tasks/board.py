@@ -9,6 +9,9 @@ edits it in place after each batch (a small edit near the end of the context); r
 every batch, or keeping the batches, costs more tokens and prefix reuse. Success is only exact correctness;
 the efficiency channel (``ctxrl.rewards``) is what prefers in-place updates among successful episodes.
 ``metadata["state_chars"]`` gives the size of one copy of the state for that comparison.
+
+The stream tool is a harness tool (:func:`ctxrl.env.tasks._gen.stream_tool`): a shell cannot filter a part
+before it reaches the context. A part is consumed, so it is no file view either.
 """
 
 from __future__ import annotations
@@ -176,7 +179,8 @@ def generate(seed: int, difficulty: str = "default") -> Task:
         seed=seed,
         difficulty=difficulty,
         prompt=prompt,
-        files=stream.files,
+        files={},
+        private_files=stream.files,
         tools=[stream.tool],
         verifier=VerifierSpec(kind="board", expected=final),
         budget_tokens=k.budget_tokens,

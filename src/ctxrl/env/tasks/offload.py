@@ -6,6 +6,10 @@ after every report has been opened in full. The questions ask for one field of o
 same unit appears in other reports with other values (those values are ``forbidden``). Keeping every report in
 context overflows; summarising them loses the exact values. The way through is to evict the views and re-read
 the few lines needed (``open_report --pattern`` or grep), since the files stay in the workspace.
+
+``open_report`` and ``questions`` are harness tools over a private copy of the reports (so a full read reaches
+the context whole: a shell cannot mark a report opened with ``open_report > /dev/null``, nor decode the
+questions); an ``open_report`` result is a file view of ``reports/<name>.txt`` (usage mode can evict it).
 """
 
 from __future__ import annotations
@@ -140,7 +144,10 @@ def generate(seed: int, difficulty: str = "default") -> Task:
     expected = [t["value"] for t in targets]
 
     files = {f"reports/{site}.txt": _report(r, site, units) for site, units in data.items()}
-    files[".task/questions.b64"] = base64.b64encode(json.dumps(questions).encode()).decode()
+    private_files = {
+        **files,
+        ".task/questions.b64": base64.b64encode(json.dumps(questions).encode()).decode(),
+    }
     open_params: dict[str, Any] = {
         "type": "object",
         "properties": {
@@ -154,11 +161,16 @@ def generate(seed: int, difficulty: str = "default") -> Task:
     )
     q_params: dict[str, Any] = {"type": "object", "properties": {}, "required": []}
     q_desc = "Print the questions; works once every report has been opened in full."
+    # Harness tools over a private copy of the reports: a full read reaches the context whole (a shell that
+    # redirected `open_report` to /dev/null would unlock the questions without reading). The reports stay in
+    # the workspace too: re-reading details with --pattern, grep or read_file is the intended way through.
     tools = [
         ToolSpec("open_report", open_desc, open_params, "tools/open_report",
-                 build_script("open_report", open_desc, open_params, "tools/open_report", _OPEN_BODY)),
+                 build_script("open_report", open_desc, open_params, "tools/open_report", _OPEN_BODY),
+                 private=True, view="reports/{name}.txt"),
         ToolSpec("questions", q_desc, q_params, "tools/questions",
-                 build_script("questions", q_desc, q_params, "tools/questions", _QUESTIONS_BODY)),
+                 build_script("questions", q_desc, q_params, "tools/questions", _QUESTIONS_BODY),
+                 private=True),
     ]  # fmt: skip
     names = ", ".join(sites)
     prompt = (
@@ -181,6 +193,7 @@ def generate(seed: int, difficulty: str = "default") -> Task:
         difficulty=difficulty,
         prompt=prompt,
         files=files,
+        private_files=private_files,
         tools=tools,
         verifier=VerifierSpec(
             kind="all_values", expected=expected, forbidden=sorted(forbidden - set(expected))

@@ -1,19 +1,30 @@
-"""Family ``repo``: find and fix one bug in a synthetic pure-python repository with a failing test.
+"""Family ``repo``: fix the one function that still follows an outdated revision of a long specification.
 
 The workspace holds ``repo/``: a package of several modules full of small documented functions, and a
-``unittest`` suite (``repo/tests``). One function has a one-line bug (an off-by-one, a flipped comparison, a
-wrong constant) that makes exactly its test fail. ``run_tests`` runs the suite. The failing test names the
-function, not the file; the repository is several times the budget, so a manager greps for the definition
-instead of reading everything, fixes the line with shell tools, and re-runs the tests.
+``unittest`` suite (``repo/tests``). The package implements a specification, ``SPEC.md``, that was revised
+several times: each function has an entry stating its contract (``Sum of the values, each weighted by 7,
+capped at 400.``), and later revisions restate some entries with new constants; the latest statement of an
+entry is in force. One function's code (and docstring) still follows an older statement of its entry, which
+makes exactly its test fail. ``run_tests`` runs the suite; ``read_spec --page N`` prints one page of the
+specification.
+
+**Why it binds the context.** The specification is several times the budget and is served only by
+``read_spec``, a harness tool (``ToolSpec.private``): it is not in the workspace, so it cannot be grepped,
+and its pages reach the context whole. The revision that holds the failing function's constants sits on a
+late page, and no page says that no later revision follows before the last one, so a solver must page
+through the whole specification while keeping the latest statement of one entry: append-only overflows.
+The repository itself stays an ordinary workspace (grep, sed and running the tests directly are allowed;
+they are how a code agent works).
 
 The verifier (kind ``command``, see :func:`grading_command`) writes the original test files back, then runs
 them in the sandbox from a trusted position: success iff every one of the known tests ran and passed. The
-answer text is ignored. ``metadata["oracle_fix"]`` is a shell command that
-applies the known fix (used by tests and scripted policies).
+answer text is ignored. ``metadata["oracle_fix"]`` is a shell command that applies the known fix (used by
+tests; scripted policies derive the fix from what they read).
 """
 
 from __future__ import annotations
 
+import json
 import random
 import shlex
 from collections.abc import Callable
@@ -76,19 +87,21 @@ class Knobs:
     n_modules: int
     functions_per_module: int
     tests_per_module: int
+    spec_pages: int
+    """Pages of the specification (one ``read_spec`` call each)."""
+    page_chars: int
+    """Approximate length of one page (entries and revisions, with prose between them)."""
     budget_tokens: int
     max_steps: int
 
 
 PRESETS = {
-    "easy": Knobs(n_modules=3, functions_per_module=14, tests_per_module=2, budget_tokens=4500, max_steps=24),
-    "default": Knobs(
-        n_modules=7, functions_per_module=22, tests_per_module=2, budget_tokens=4500, max_steps=40
-    ),
-    "hard": Knobs(
-        n_modules=10, functions_per_module=24, tests_per_module=2, budget_tokens=4500, max_steps=56
-    ),
+    "easy": Knobs(3, 14, 2, spec_pages=10, page_chars=3400, budget_tokens=4500, max_steps=32),
+    "default": Knobs(7, 22, 2, spec_pages=14, page_chars=3400, budget_tokens=4500, max_steps=40),
+    "hard": Knobs(10, 24, 2, spec_pages=18, page_chars=3400, budget_tokens=4500, max_steps=56),
 }
+SPEC_KEY = "SPEC.md"
+"""The document key of every page of the specification (usage mode's file view)."""
 
 _PACKAGES = ["ledgerkit", "shipyard", "tallyho", "quillpress", "orbitool", "fernlog"]
 _MODULES = [
@@ -275,6 +288,81 @@ def _call(fn: _Function, source: str, args: str) -> Any:
     return eval(f"{fn.name}({args})", namespace)
 
 
+def _contract(fn: _Function, params: dict[str, Any]) -> str:
+    """The first line of the function's docstring under ``params``: its contract as the spec states it."""
+    code = fn.template.code
+    first = code[code.index('"""') + 3 : code.index("\n", code.index('"""'))]
+    return first.format(**params)
+
+
+# Constants a revision may change: those of the contract line that occur on exactly one code line (the window
+# of ``window_peak`` is on two lines, so a stale window would need a two-line fix).
+_REVISABLE = {
+    "weighted_total": ("w", "cap"),
+    "count_above": ("t",),
+    "text_checksum": ("m", "mod"),
+    "clamp_scale": ("a", "b", "lo", "hi"),
+    "slug": ("sep",),
+    "running_sum": ("k",),
+    "percent_of": ("d",),
+}
+
+
+def _outdated(r: random.Random, params: dict[str, Any], key: str) -> dict[str, Any]:
+    """``params`` with ``key`` set to the value an older revision stated."""
+    value = params[key]
+    if isinstance(value, str):
+        old: Any = r.choice([c for c in ("-", "_", ".") if c != value])
+    else:
+        old = value + r.choice([d for d in (-2, -1, 1, 2, 3) if value + d >= 1])
+    return {**params, key: old}
+
+
+def _spec_pages(
+    r: random.Random, k: Knobs, functions: list[_Function], buggy: _Function, stale: dict[str, Any]
+) -> list[str]:
+    """The specification as pages: every function's entry in the first two thirds (the buggy one with its
+    outdated contract), revisions spread over the pages after it (the buggy function's on one of the last
+    three pages), prose between the lines."""
+    section = {fn.name: i + 1 for i, fn in enumerate(functions)}
+    entries = [
+        f"§{section[fn.name]} `{fn.name}` ({fn.module}): {_contract(fn, stale if fn is buggy else fn.params)}"
+        for fn in functions
+    ]
+    # Decoy revisions restate other entries as they stand (the code already follows them).
+    decoys = r.sample([fn for fn in functions if fn is not buggy], min(len(functions) - 1, 3 * k.spec_pages))
+    lines_per_page: list[list[str]] = [[] for _ in range(k.spec_pages)]
+    early = max(1, (2 * k.spec_pages) // 3)
+    for i, entry in enumerate(entries):
+        lines_per_page[i * early // len(entries)].append(entry)
+    revision = 0
+    for fn in decoys:
+        page = r.randrange(early // 2, k.spec_pages)
+        lines_per_page[page].append(
+            f"§{section[fn.name]} `{fn.name}` is restated: {_contract(fn, fn.params)}"
+        )
+    last = r.randrange(max(early, k.spec_pages - 3), k.spec_pages)
+    lines_per_page[last].append(
+        f"§{section[buggy.name]} `{buggy.name}` is restated: {_contract(buggy, buggy.params)}"
+    )
+    pages = []
+    for number, lines in enumerate(lines_per_page, start=1):
+        if number > early:
+            r.shuffle(lines)  # the buggy function's revision is not always the last line
+        blocks = []
+        for line in lines:
+            if " is restated: " in line:
+                revision += 1
+                line = f"Revision {revision}. {line}"
+            blocks.append(line)
+        while sum(len(b) + 2 for b in blocks) < k.page_chars:
+            blocks.insert(r.randint(0, len(blocks)), " ".join(_gen.sentence(r) for _ in range(2)))
+        tail = "(end of the specification)" if number == k.spec_pages else f"(continued on page {number + 1})"
+        body = "\n\n".join(blocks)
+        pages.append(f"=== SPEC.md, page {number} of {k.spec_pages} ===\n{body}\n{tail}")
+    return pages
+
+
 def generate(seed: int, difficulty: str = "default") -> Task:
     """The repo task for ``seed`` at ``difficulty`` (``easy`` / ``default`` / ``hard``)."""
     k = _gen.pick_preset(PRESETS, FAMILY, difficulty)
@@ -297,23 +385,35 @@ def generate(seed: int, difficulty: str = "default") -> Task:
 
     tested = {m: r.sample([f for f in functions if f.module == m], k.tests_per_module) for m in modules}
     all_tested = [f for m in modules for f in tested[m]]
-    # The bug: a (function, variant) whose buggy line occurs nowhere in its module yet, so after the change
-    # it occurs exactly once and both the failing state and the fix are unambiguous.
-    candidates = [(fn, bug) for fn in all_tested for bug in fn.template.bugs]
+    # The bug: a tested function whose code follows an outdated value of one constant. Its changed code line
+    # must occur nowhere in its module yet (so the failing state and the fix are unambiguous) and a test input
+    # must tell the two versions apart.
+    candidates = [(fn, key) for fn in all_tested for key in _REVISABLE.get(fn.template.stem, ())]
     r.shuffle(candidates)
-    for buggy, bug in candidates:
-        good_line, bad_line = (line.format(**buggy.params) for line in bug)
+    for buggy, key in candidates:
+        stale = _outdated(r, buggy.params, key)
+        buggy_source = buggy.template.code.format(**stale)
+        changed = [
+            (good, bad)
+            for good, bad in zip(buggy.source.splitlines(), buggy_source.splitlines())
+            if good != bad and not _in_docstring(buggy.source, good)
+        ]
+        if len(changed) != 1:
+            continue
+        good_line, bad_line = changed[0]
         module_text = "".join(f.source for f in functions if f.module == buggy.module)
-        if module_text.count(bad_line + "\n") == 0 and buggy.source.count(good_line + "\n") == 1:
+        if module_text.count(bad_line + "\n") or buggy.source.count(good_line + "\n") != 1:
+            continue
+        separating = _separating_args(r, buggy, buggy_source)
+        if separating is not None:
             break
     else:
         raise AssertionError(
             "no function can carry a unique bug"
         )  # 14 tested functions make this unreachable
-    buggy_source = buggy.source.replace(good_line + "\n", bad_line + "\n")
 
     files: dict[str, str] = {
-        f"repo/{pkg}/__init__.py": f'"""{pkg}: bookkeeping helpers."""\n',
+        f"repo/{pkg}/__init__.py": f'"""{pkg}: bookkeeping helpers, implementing SPEC.md."""\n',
         "repo/tests/__init__.py": "",
     }
     for module in modules:
@@ -331,13 +431,8 @@ def generate(seed: int, difficulty: str = "default") -> Task:
         lines = ["import unittest", "", f"from {pkg}.{module} import {names}", "", "",
                  f"class Test{module.title()}(unittest.TestCase):"]  # fmt: skip
         for fn in tested[module]:
-            for _ in range(50):
-                args = fn.template.args(r, fn.params)
-                want = _call(fn, fn.source, args)
-                if fn is not buggy or _call(fn, buggy_source, args) != want:
-                    break
-            else:
-                raise AssertionError(f"no test input separates the bug in {fn.name}")
+            args = separating if fn is buggy else fn.template.args(r, fn.params)
+            want = _call(fn, fn.source, args)
             lines += [
                 f"    def test_{fn.name}(self):",
                 f"        self.assertEqual({fn.name}({args}), {want!r})",
@@ -347,19 +442,36 @@ def generate(seed: int, difficulty: str = "default") -> Task:
         test_files[f"repo/tests/test_{module}.py"] = "\n".join(lines) + "\n"
     files.update(test_files)
 
+    pages = _spec_pages(r, k, functions, buggy, stale)
     run_params: dict[str, Any] = {"type": "object", "properties": {}, "required": []}
     run_desc = "Run the repository's unit tests (python3 -m unittest in repo/) and print the report."
     run_tool = ToolSpec("run_tests", run_desc, run_params, "tools/run_tests",
                         build_script("run_tests", run_desc, run_params, "tools/run_tests", _RUN_TESTS_BODY))  # fmt: skip
+    spec_params: dict[str, Any] = {
+        "type": "object",
+        "properties": {"page": {"type": "integer", "description": f"page number, 1 to {k.spec_pages}"}},
+        "required": ["page"],
+    }
+    spec_desc = f"Print one page of the specification SPEC.md ({k.spec_pages} pages)."
+    spec_tool = ToolSpec("read_spec", spec_desc, spec_params, "tools/read_spec",
+                         build_script("read_spec", spec_desc, spec_params, "tools/read_spec", _READ_SPEC_BODY),
+                         private=True, view=SPEC_KEY)  # fmt: skip
     fix_code = f"import pathlib; p = pathlib.Path({bug_file!r}); p.write_text(p.read_text().replace({bad_line!r}, {good_line!r}, 1))"
     prompt = (
-        f"The Python package in repo/{pkg}/ ({k.n_modules} modules) has a failing unit test. Run the tool "
-        "`run_tests` to see which test fails, find the bug in the package source and fix it with shell "
-        "commands (grep, sed, python3, heredocs). The repository is several times larger than your context "
-        "budget: search for what you need rather than reading every file. Do not edit the tests; they are "
-        "restored before grading. When `run_tests` passes, answer `done`."
+        f"The Python package in repo/{pkg}/ ({k.n_modules} modules) implements the specification SPEC.md, "
+        "which was revised several times: each function has an entry (`§N name: contract`), and a later "
+        "`Revision` line may restate an entry with new constants; the latest statement of an entry is the one "
+        "in force, and revisions can come on any page up to the last. One function still follows an outdated "
+        "statement of its entry, and its unit test fails.\n\n"
+        "Run the tool `run_tests` to see which test fails. Read the specification with the tool `read_spec` "
+        f"(argument `page`, 1 to {k.spec_pages}; it is served only by this tool, page by page), find the "
+        "contract in force for that function, and fix its code with shell commands (grep, sed, python3, "
+        "heredocs). The specification is several times larger than your context budget, and so is the "
+        "repository: keep what you need, not every page. Do not edit the tests; they are restored before "
+        "grading. When `run_tests` passes, answer `done`."
     )
     source_files = sorted(p for p in files if p.startswith(f"repo/{pkg}/") and p.endswith(".py"))
+    spec_calls = [f"tools/read_spec --page {n}" for n in range(1, k.spec_pages + 1)]
     return Task(
         task_id=f"{FAMILY}:{difficulty}:{seed}",
         family=FAMILY,
@@ -368,7 +480,7 @@ def generate(seed: int, difficulty: str = "default") -> Task:
         difficulty=difficulty,
         prompt=prompt,
         files=files,
-        tools=[run_tool],
+        tools=[run_tool, spec_tool],
         verifier=VerifierSpec(
             kind="command",
             command=grading_command(pkg, sorted(test_files), k.tests_per_module * k.n_modules),
@@ -384,14 +496,46 @@ def generate(seed: int, difficulty: str = "default") -> Task:
             "failing_test": f"test_{buggy.name}",
             "buggy_line": bad_line,
             "fixed_line": good_line,
+            "contract": _contract(buggy, buggy.params),
+            "outdated_contract": _contract(buggy, stale),
             "oracle_fix": f"python3 -c {shlex.quote(fix_code)}",
             "oracle_answer": "done",
-            # Exploring the repository means reading its sources; the tests' report comes on top.
-            "observation_calls": ["tools/run_tests", *(f"cat {p}" for p in source_files)],
-            "observation_chars": sum(len(files[p]) for p in source_files),
+            # The way through: the tests' report, every page of the specification, then the function.
+            "observation_calls": ["tools/run_tests", *spec_calls],
+            "observation_chars": sum(len(p) + 1 for p in pages),
             "working_set_chars": len(buggy_source) + 400,
+            "source_files": source_files,
         },
+        private_files={".task/spec.json": json.dumps(pages, indent=0)},
     )
+
+
+def _in_docstring(source: str, line: str) -> bool:
+    """Whether ``line`` of a function's source is a line of its docstring."""
+    doc = source.split('"""')[1]
+    return line.strip() == '"""' or any(line.endswith(d) for d in doc.splitlines() if d)
+
+
+def _separating_args(r: random.Random, fn: _Function, buggy_source: str) -> str | None:
+    """A test argument list on which ``fn`` and its buggy version disagree (None if 50 draws find none)."""
+    for _ in range(50):
+        args = fn.template.args(r, fn.params)
+        if _call(fn, buggy_source, args) != _call(fn, fn.source, args):
+            return args
+    return None
+
+
+_READ_SPEC_BODY = r"""
+SPEC = ROOT / ".task" / "spec.json"
+
+
+def run(args):
+    pages = json.loads(SPEC.read_text())
+    page = args["page"]
+    if not 1 <= page <= len(pages):
+        return "error: no page %d; the specification has pages 1 to %d" % (page, len(pages)), 1
+    return pages[page - 1]
+"""
 
 
 _RUN_TESTS_BODY = r"""

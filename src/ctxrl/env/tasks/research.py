@@ -6,6 +6,9 @@ Vantor-9 born?" takes three hops (product → maker → founder → birth city),
 Distractors: look-alike products of the same brand made by other companies, and a CEO beside the founder in
 every company document; the answers their chains lead to are ``forbidden``. Reading every hop's document in
 full overflows the budget; a manager keeps the one fact each document contributes and drops the rest.
+
+``search`` and ``read`` are harness tools: the corpus is not in the workspace, so a document reaches the
+context whole. A ``read`` result is a file view of the document, keyed by its id (``D017``).
 """
 
 from __future__ import annotations
@@ -308,11 +311,16 @@ def generate(seed: int, difficulty: str = "default") -> Task:
     search_desc = "Search the corpus; prints the best-matching document ids, titles and one snippet each."
     read_desc = "Print one document of the corpus in full."
     search_body = f"STOPWORDS = {_STOP!r}\n" + _SEARCH_BODY
+    # Harness tools: the corpus is not in the workspace, so a document reaches the context whole (a shell
+    # that greps the corpus for the one sentence it needs would bypass the multi-hop reading the task poses).
+    # A read is a file view of the document, keyed by its id.
     tools = [
         ToolSpec("search", search_desc, search_params, "tools/search",
-                 build_script("search", search_desc, search_params, "tools/search", search_body)),
+                 build_script("search", search_desc, search_params, "tools/search", search_body),
+                 private=True),
         ToolSpec("read", read_desc, read_params, "tools/read",
-                 build_script("read", read_desc, read_params, "tools/read", _READ_BODY)),
+                 build_script("read", read_desc, read_params, "tools/read", _READ_BODY),
+                 private=True, view="{doc_id}"),
     ]  # fmt: skip
     asks = "\n".join(f"{i + 1}. {q}" for i, q in enumerate(questions))
     prompt = (
@@ -331,7 +339,8 @@ def generate(seed: int, difficulty: str = "default") -> Task:
         seed=seed,
         difficulty=difficulty,
         prompt=prompt,
-        files={".task/corpus.json": json.dumps(docs, indent=0)},
+        files={},
+        private_files={".task/corpus.json": json.dumps(docs, indent=0)},
         tools=tools,
         verifier=VerifierSpec(kind="all_values", expected=expected, forbidden=sorted(forbidden)),
         budget_tokens=k.budget_tokens,

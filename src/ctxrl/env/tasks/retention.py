@@ -8,6 +8,9 @@ entity appear, and some values are rotated later in the stream (the old value is
 ``forbidden`` in the verifier, so pasting the whole log back fails too.
 
 Sizing: the stream is several times the budget; what a manager must keep is a few short lines.
+
+The stream tool is a harness tool (:func:`ctxrl.env.tasks._gen.stream_tool`): a shell cannot filter a part
+before it reaches the context. A part is consumed, so it is no file view either.
 """
 
 from __future__ import annotations
@@ -151,7 +154,8 @@ def generate(seed: int, difficulty: str = "default") -> Task:
         seed=seed,
         difficulty=difficulty,
         prompt=prompt,
-        files=stream.files,
+        files={},
+        private_files=stream.files,
         tools=[stream.tool],
         verifier=VerifierSpec(kind="all_values", expected=expected, forbidden=forbidden),
         budget_tokens=k.budget_tokens,

@@ -1,8 +1,26 @@
-"""Build the executable python3 scripts that implement task tools inside the workspace.
+"""Build the executable python3 scripts that implement task tools.
 
-Every task tool (``next_chunk``, ``search``, ``read``, ``run_tests`` …) is a file ``tools/NAME`` in the episode
-workspace, so a model in file mode calls it from the shell and the harness in tool-calling modes runs the very
-same file (through :meth:`ctxrl.env.tasks.base.ToolSpec.to_shell`). One argument convention serves both:
+Every task tool (``next_chunk``, ``search``, ``read``, ``run_tests`` …) is a script ``tools/NAME``, run by the
+harness for a function call (through :meth:`ctxrl.env.tasks.base.ToolSpec.to_shell`) in a sandbox. Where the
+script lives decides whether a shell may filter its output at the source (``tool | grep``, ``tool >
+/dev/null``), which would bypass the context problem a task poses:
+
+- a **workspace tool** is a file of the episode workspace, so the model's shell may also run, pipe and
+  redirect it. Families use this where filtering is the intended skill: ``repo``'s ``run_tests`` (a code agent
+  runs and greps its own tests).
+- a **harness tool** (``ToolSpec.private``) is written, with the data it serves (``Task.private_files``), to
+  the episode's private folder beside the workspace, which no workspace command can reach; only a function
+  call runs it, so its output reaches the context whole. A shell command naming its path is answered with a
+  note and not run. Families use this where filtering would bypass the task: the streams of ``retention`` and
+  ``board``, ``research``'s corpus, ``offload``'s full reads and questions (its reports stay in the workspace
+  too, for ``--pattern``, grep and ``read_file``: re-reading details is the intended way through), ``repo``'s
+  specification.
+
+A textual check of shell commands (refusing ``tools/x | grep``) would not be sound: ``sh -c``, a variable, a
+python subprocess or reading the data file directly all get around it. Moving the tool and its data out of
+the workspace is.
+
+One argument convention serves every caller:
 
 ``tools/NAME --key value --other value``
     the form ``to_shell`` writes; ``--key=value`` works too.

@@ -1,13 +1,16 @@
-"""Repo solver: run the tests, grep for the failing function, read it, fix the line that contradicts its
-docstring with a ``python3`` heredoc, run the tests again, answer ``done``.
+"""Repo solver: run the tests, page through the whole specification keeping the latest statement of the
+failing function's entry, grep for the function, read it, fix the line that contradicts the contract in force
+with a ``python3`` heredoc, run the tests again, answer ``done``.
 
-The fix is read off the function as printed: its docstring states the contract (``weighted by 7, capped at
-400``, ``strictly above 12`` …) and one code line disagrees with it. :data:`_RULES` pairs a line shape with the
-line the docstring implies; the line of that shape that differs is the bug. Nothing about the bug comes from
-anywhere but the printed source.
+The fix is read off the function as printed and the contract the specification states last (``weighted by
+7, capped at 400``, ``strictly above 12`` …): one code line disagrees with it. :data:`_RULES` pairs a line
+shape with the line the contract implies; the line of that shape that differs is the bug. Nothing about the
+bug comes from anywhere but what was printed.
 
-Facts: the failing test, where the function is defined, the fix (file, buggy line, fixed line), whether it was
-applied, and the latest test outcome. The state is read in order: a test report after the fix decides.
+Facts: the failing test, how many spec pages were read, the latest contract of the function (with its
+revision number; the entry itself is revision 0), where the function is defined, the fix (file, buggy line,
+fixed line), whether it was applied, and the latest test outcome. The state is read in order: a test report
+after the fix decides.
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ _APPLIED_FACT = "[repo] fix applied"
 _TESTS_FACT = re.compile(r"^\[repo\] tests (passed|failed)$", re.MULTILINE)
 _FIX_MARK = "# ctxrl-fix "
 _READ_LINES = 22
+_FAILING_FACT = re.compile(r"^\[repo\] failing test: test_(\w+)$", re.MULTILINE)
+_PAGE = re.compile(r"^=== SPEC\.md, page (\d+) of (\d+) ===$", re.MULTILINE)
+_PAGES_FACT = re.compile(r"^\[repo\] spec pages read: (\d+) of (\d+)$", re.MULTILINE)
+_CONTRACT_FACT = re.compile(r"^\[repo\] spec of (\w+) \(revision (\d+)\): (.+)$", re.MULTILINE)
 
 # (function-name stem, docstring pattern, buggy-or-good line shape, the good line from the docstring groups)
 Rule = tuple[str, str, str, Callable[[re.Match[str]], str]]
@@ -51,9 +58,18 @@ _RULES: tuple[Rule, ...] = (
 )  # fmt: skip
 
 
-def find_fix(function: str, source: str) -> tuple[str, str] | None:
-    """(buggy line, fixed line) of ``function`` as printed in ``source``, or None if no line contradicts its
-    docstring."""
+def _statements(function: str, text: str) -> list[tuple[int, str]]:
+    """(revision, contract) of every statement of ``function``'s spec entry in ``text`` (the entry is 0)."""
+    name = re.escape(function)
+    found = [(0, m.group(1)) for m in re.finditer(rf"^§\d+ `{name}` \(\w+\): (.+)$", text, re.MULTILINE)]
+    pattern = rf"^Revision (\d+)\. §\d+ `{name}` is restated: (.+)$"
+    found += [(int(m.group(1)), m.group(2)) for m in re.finditer(pattern, text, re.MULTILINE)]
+    return found
+
+
+def find_fix(function: str, source: str, contract: str | None = None) -> tuple[str, str] | None:
+    """(buggy line, fixed line) of ``function`` as printed in ``source``, or None if no line contradicts the
+    ``contract`` (default: the function's own docstring)."""
     start = source.find(f"def {function}(")
     if start < 0:
         return None
@@ -62,10 +78,10 @@ def find_fix(function: str, source: str) -> tuple[str, str] | None:
     lines = [re.sub(r"^\s*\d+\t", "", line) for line in body.splitlines()]  # tolerate `cat -n`
     text = "\n".join(lines)
     for stem, doc, shape, good in _RULES:
-        contract = re.search(doc, text)
-        if not function.startswith(stem) or contract is None:
+        stated = re.search(doc, text if contract is None else contract)
+        if not function.startswith(stem) or stated is None:
             continue
-        expected = good(contract)
+        expected = good(stated)
         for line in lines:
             if re.match(shape, line) and line != expected:
                 return line, expected
@@ -83,10 +99,18 @@ def solve(view: View) -> Plan:
     function = location = fix = None
     applied = False
     tests: str | None = None  # outcome of the latest test run: "passed" / "failed"
+    pages_read, pages = 0, 0
+    contract: tuple[int, str] | None = None  # (revision, contract) of the latest statement seen
     for item in view.items:
         text = item.text
         for name in _FAIL.findall(text):
             function, tests, applied = name, "failed", False
+        function = m.group(1) if (m := _FAILING_FACT.search(text)) else function
+        for m in [*_PAGE.finditer(text), *_PAGES_FACT.finditer(text)]:
+            pages_read, pages = max(pages_read, int(m.group(1))), int(m.group(2))
+        for m in _CONTRACT_FACT.finditer(text):
+            if m.group(1) == function and (contract is None or int(m.group(2)) >= contract[0]):
+                contract = (int(m.group(2)), m.group(3))
         if item.name == "run_tests" and re.search(r"^OK\b", text, re.MULTILINE):
             tests = "passed"
         for m in _TESTS_FACT.finditer(text):
@@ -98,10 +122,16 @@ def solve(view: View) -> Plan:
         for m in _GREP.finditer(text):
             if m.group(3) == function:
                 location = (m.group(1), int(m.group(2)))
+        if function:
+            for revision, stated in _statements(function, text):
+                if contract is None or revision >= contract[0]:
+                    contract = (revision, stated)
         for m in _FIX_FACT.finditer(text):
             fix = (m.group(2), m.group(3), m.group(4))
-        if function and location and fix is None and (found := find_fix(function, text)):
-            fix = (location[0], *found)
+        spec_done = pages > 0 and pages_read >= pages
+        if function and location and contract and spec_done and fix is None:
+            found = find_fix(function, text, contract[1])
+            fix = (location[0], *found) if found else None
         for call_id, call in item.calls:
             command = str(call.arguments.get("command", ""))
             result = view.result_of(call_id)
@@ -110,6 +140,10 @@ def solve(view: View) -> Plan:
     facts: list[str] = []
     if function:
         facts.append(f"[repo] failing test: test_{function}")
+    if pages:
+        facts.append(f"[repo] spec pages read: {pages_read} of {pages}")
+    if function and contract:
+        facts.append(f"[repo] spec of {function} (revision {contract[0]}): {contract[1]}")
     if function and location:
         facts.append(f"[repo] {function} is defined at {location[0]}:{location[1]}")
     if function and fix:
@@ -122,6 +156,8 @@ def solve(view: View) -> Plan:
         return Plan((Call("submit", {"answer": "done"}),), tuple(facts))
     if applied or function is None:
         return Plan((Call("run_tests"),), tuple(facts))
+    if pages == 0 or pages_read < pages:
+        return Plan((Call("read_spec", {"page": pages_read + 1}),), tuple(facts))
     if fix is not None:
         return Plan((Call("shell", {"command": _fix_command(*fix)}),), tuple(facts))
     if location is not None:
