@@ -54,7 +54,7 @@ from ctxrl.errors import ConfigError
 from ctxrl.rewards.cost import ModelGeometry, episode_cost, replay_episode, step_flops
 from ctxrl.rewards.masks import MaskSetting, edit_mask
 from ctxrl.train.engines.base import Engine, Generation, SamplingConfig
-from ctxrl.train.summarise import engine_generate
+from ctxrl.train.summarise import SUMMARY_MAX_NEW_TOKENS, engine_generate
 from ctxrl.train.trajectory import EpisodeRecord, StepCost, StepRecord, skill_id
 
 
@@ -382,7 +382,9 @@ def rollout(
     live under ``workdir`` (a temporary folder, removed afterwards, when None). ``geometry`` prices the
     episodes in FLOPs too. ``generate(prompt_text) -> text`` writes the fold summaries of the pressure pass
     when ``harness.modes.pressure.summariser`` is ``engine``; None: the policy's own ``engine``
-    (:func:`ctxrl.train.summarise.engine_generate`), which a scripted engine cannot be (ConfigError). See the
+    (:func:`ctxrl.train.summarise.engine_generate`, greedy, at most ``sampling.max_new_tokens`` and
+    :data:`~ctxrl.train.summarise.SUMMARY_MAX_NEW_TOKENS` tokens), which a scripted engine cannot be
+    (ConfigError). See the
     module docstring for the loop and the end reasons.
     """
     cfg = config or RolloutConfig()
@@ -396,7 +398,9 @@ def rollout(
     if generate is None and (harness or HarnessConfig()).modes.pressure.summariser == "engine":
         if engine.name == "scripted":
             raise ConfigError(SCRIPTED_SUMMARISER)
-        generate = engine_generate(engine, builder)
+        generate = engine_generate(
+            engine, builder, max_new_tokens=min(SUMMARY_MAX_NEW_TOKENS, sampling.max_new_tokens)
+        )
     own_dir = workdir is None
     root = Path(tempfile.mkdtemp(prefix="ctxrl-rollout-")) if workdir is None else Path(workdir)
     root.mkdir(parents=True, exist_ok=True)
