@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -190,7 +191,7 @@ def test_engine_summariser_calls_the_engine_and_refuses_what_is_no_summary() -> 
     assert long == "x" * 260 + "\nPreserved (compaction-safe):\n- data.txt" and len(long) == 300
     for answer in ("   ", "ok.", "Summary: ----////----////----"):
         with pytest.raises(SummaryError):
-            EngineSummariser(lambda p, a=answer: a)(turns, 400)
+            EngineSummariser(functools.partial(lambda text, p: text, answer))(turns, 400)
 
 
 def _engine_harness(counter: ChatTemplateCounter, tmp_path: Path, generate: Any) -> Harness:

@@ -66,8 +66,8 @@ def test_engine_summariser_runs_from_the_command_line(tiny_model_dir: Path, tmp_
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer: Any = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model: Any = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     builder = PromptBuilder(tokenizer)
     [bodies] = [p for p in store.iterdir() if p.is_dir()]
     for fold in folds:

@@ -156,7 +156,7 @@ class PressureResult:
     fold: Fold | None = None
     sizing: PressureSizing | None = None
     kept_rounds: int = 0
-    """Rounds the pass kept from age spill and folding."""
+    """Rounds within the kept window when the pass ran (not spilled for age)."""
 
     @property
     def changed(self) -> bool:
@@ -247,23 +247,22 @@ class PressurePass:
         ctx = episode.context
         sizing = self.sizing(episode)
         before = ctx.tokens
-        spilled = self._spill(episode, store, pinned, sizing)
-        fold = None
-        if ctx.tokens >= self.config.compact_pct * episode.config.limit:
-            fold = self._fold(episode, store, pinned, sizing)
         turns = ctx.turns
         recent = recent_start(turns, sizing.keep_rounds, sizing.keep_tokens)
         kept = sum(1 for t in turns[recent:] if t.role == "assistant" and t.tool_calls)
-        return PressureResult(
-            tuple(spilled), fold.turns if fold else 0, before - ctx.tokens, fold, sizing, kept
-        )
+        spilled = self._spill(episode, store, pinned, sizing, recent)
+        fold = None
+        if ctx.tokens >= self.config.compact_pct * episode.config.limit:
+            fold = self._fold(episode, store, pinned, sizing)
+        folded = fold.turns if fold else 0
+        return PressureResult(tuple(spilled), folded, before - ctx.tokens, fold, sizing, kept)
 
     def _spill(
-        self, episode: Episode, store: OverflowStore, pinned: Pinned, sizing: PressureSizing
+        self, episode: Episode, store: OverflowStore, pinned: Pinned, sizing: PressureSizing, recent: int
     ) -> list[str]:
+        """Spill the results before ``recent`` (old) and the oversized ones; return their overflow ids."""
         ctx = episode.context
         turns = list(ctx.turns)
-        recent = recent_start(turns, sizing.keep_rounds, sizing.keep_tokens)
         newest = recent_start(turns, 1, 0)
         ids = []
         for i, turn in enumerate(turns):
