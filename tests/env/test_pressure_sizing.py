@@ -68,12 +68,12 @@ def result_spilled(h: Harness) -> bool:
 
 def test_the_rule_on_two_limits() -> None:
     cfg = PressureConfig()
-    # limit 3,952 tokens at 4 chars/token: spill 0.5 * 3952 * 4, keep 0.4 * 3952, summary 0.1 * 3952 * 4
+    # limit 3,952 tokens at 4 chars/token: spill 0.4 * 3952 * 4, keep 0.4 * 3952, summary 0.1 * 3952 * 4
     assert cfg.sizing(3952, 4.0) == PressureSizing(
-        spill_chars=7904, keep_rounds=None, keep_tokens=1581, summary_chars=1581
+        spill_chars=6323, keep_rounds=None, keep_tokens=1581, summary_chars=1581
     )
     # limit 29,952 tokens at 1.6 chars/token (the tiny tokenizer's density)
-    assert cfg.sizing(29952, 1.6) == PressureSizing(23962, None, 11981, 4792)
+    assert cfg.sizing(29952, 1.6) == PressureSizing(19169, None, 11981, 4792)
     # a tiny limit: the floors (results under 600 characters are never spilled; summaries get 200)
     assert cfg.sizing(500, 1.0) == PressureSizing(600, None, 200, 200)
 
@@ -89,9 +89,9 @@ def test_explicit_values_win_over_the_rule() -> None:
             PressureConfig(**bad)
 
 
-@pytest.mark.parametrize(("budget", "spill_chars"), [(6000, 7904), (16000, 27904)])
+@pytest.mark.parametrize(("budget", "spill_chars"), [(6000, 6323), (16000, 22323)])
 def test_a_harness_spills_at_the_size_its_limit_gives(tmp_path: Path, budget: int, spill_chars: int) -> None:
-    """limit = budget - 2048; the counter measures 32 chars / 8 tokens on the prompt: spill at 2 * limit.
+    """limit = budget - 2048; the counter measures 32 chars / 8 tokens on the prompt: spill at 0.4 * limit * 4 characters.
     The stored result is the output plus the harness's readout line, so the margins are 200 characters."""
     under = harness(tmp_path / "under", budget)
     shell(under, f"emit {spill_chars - 200}")

@@ -89,8 +89,8 @@ class PressureConfig:
     with the chars/token that the episode's token counter measures on the task text. The rule:
 
     - ``spill_chars = max(600, round(spill_pct × limit × chars_per_token))``: a result that alone takes
-      ``spill_pct`` (default half) of the limit cannot sit beside the pinned prefix and any other work, so it
-      is spilled at once; anything smaller is shown to the model at least once.
+      ``spill_pct`` of the limit is spilled at once (with the default 0.4 and the soft ceiling at 0.8, two
+      such results could not both sit under it); anything smaller is shown to the model at least once.
     - kept rounds: the newest rounds (an assistant turn with its results), newest first, while together
       they take at most ``keep_pct × limit`` tokens; the newest round always stays. With the defaults
       (``keep_pct`` 0.4, ``summary_pct`` 0.1, soft ceiling 0.8) a fold leaves the prefix (up to about 0.3 of
@@ -110,7 +110,7 @@ class PressureConfig:
     spill_chars: int | None = None
     """A result at least this long is spilled whatever its age; None: ``spill_pct`` of the limit, in
     characters."""
-    spill_pct: float = 0.5
+    spill_pct: float = 0.4
     """With ``spill_chars`` None: the share of the limit from which a single result is spilled at once."""
     compact_pct: float = 0.8
     """The soft ceiling (fraction of the limit) at which history folds into a summary."""
