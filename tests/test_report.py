@@ -62,7 +62,7 @@ SCRIPTS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
     ],
     "harness": [
         (call("next_chunk"), ()),
-        # one 9,000-character result: the pressure pass spills it (spill_chars is 8,000)
+        # one 9,000-character result: the pressure pass spills it (over half the limit, in characters)
         (call("shell", command="printf '%9000s' | tr ' ' a"), ("harness eviction",)),
         (call("next_chunk"), ()),
         (call("submit", answer="x"), ()),

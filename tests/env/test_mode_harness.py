@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from ctxrl.env.ctxfile import parse_context
 from ctxrl.env.harness import Action, Harness, StepResult
 from ctxrl.env.mode_config import ModesConfig, PressureConfig, ToolsModeConfig
 from ctxrl.env.modes import EngineSummariser, extractive_summary, make_mode
+from ctxrl.env.modes.pressure import SummaryError
 from ctxrl.env.overflow import STUB_RE, OverflowStore
 from ctxrl.env.sandbox import CommandResult, SandboxConfig
 from ctxrl.errors import ConfigError
@@ -89,7 +91,9 @@ def test_oversized_results_spill_whatever_their_age(counter: ChatTemplateCounter
 def test_fold_at_the_soft_ceiling_keeps_a_restorable_transcript(
     counter: ChatTemplateCounter, tmp_path: Path
 ) -> None:
-    h = make(counter, tmp_path, budget=6000, keep_rounds=2, compact_pct=0.5)
+    h = make(
+        counter, tmp_path, budget=6000, keep_rounds=2, compact_pct=0.5, summary_chars=2000, spill_chars=8000
+    )
     for i in range(6):
         shell(h, f"echo step {i} touched src/mod{i}.py id=job-{i}")
         shell(h, "emit 500")  # under 600 characters: never spilled, only folded
@@ -170,33 +174,72 @@ def test_extractive_summary_is_deterministic_and_bounded() -> None:
     assert "f00dcafe42" in first and "src/a.py" in first
 
 
-def test_engine_summariser_calls_the_engine_and_falls_back_on_empty() -> None:
+def test_engine_summariser_calls_the_engine_and_refuses_what_is_no_summary() -> None:
     turns = [Turn("user", "found the key K-77 in data.txt")]
     prompts: list[str] = []
 
     def generate(prompt: str) -> str:
         prompts.append(prompt)
-        return "  The key is K-77.  "
+        return "  The key is K-77, found in the data file.  "
 
-    assert EngineSummariser(generate)(turns) == "The key is K-77."
+    summary = EngineSummariser(generate)(turns, 400)
+    # the engine's text, then the identifiers found in the turns, kept verbatim
+    assert summary == "The key is K-77, found in the data file.\nPreserved (compaction-safe):\n- data.txt"
     assert "found the key K-77" in prompts[0] and prompts[0].rstrip().endswith("Summary:")
-    assert EngineSummariser(lambda p: "x" * 5000, max_chars=300)(turns) == "x" * 300
-    assert "K-77" in EngineSummariser(lambda p: "   ")(turns)  # empty answer: extractive fallback
+    assert "at most 360 characters" in prompts[0]  # 400 less the 39-character preserved block, a newline
+    long = EngineSummariser(lambda p: "x" * 5000)(turns, 300)
+    assert long == "x" * 260 + "\nPreserved (compaction-safe):\n- data.txt" and len(long) == 300
+    for answer in ("   ", "ok.", "Summary: ----////----////----"):
+        with pytest.raises(SummaryError):
+            EngineSummariser(functools.partial(lambda text, p: text, answer))(turns, 400)
+
+
+def _engine_harness(counter: ChatTemplateCounter, tmp_path: Path, generate: Any) -> Harness:
+    modes = ModesConfig(pressure=PressureConfig(summariser="engine", keep_rounds=1, compact_pct=0.3))
+    cfg = HarnessConfig(budget=6000, modes=modes, sandbox=SandboxConfig(backend="none"))
+    h = Harness(cfg, counter, make_mode("harness", cfg, generate=generate), runner_factory=FakeRunner)
+    h.reset("You are an agent.", "Do the task.", tmp_path / "ws")
+    return h
+
+
+def _folds(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e["fold"] for e in events if e["type"] == "pressure" and "fold" in e]
 
 
 def test_engine_summariser_is_used_by_the_fold(counter: ChatTemplateCounter, tmp_path: Path) -> None:
-    modes = ModesConfig(pressure=PressureConfig(summariser="engine", keep_rounds=1, compact_pct=0.3))
-    cfg = HarnessConfig(budget=6000, modes=modes, sandbox=SandboxConfig(backend="none"))
-    h = Harness(
-        cfg,
-        counter,
-        make_mode("harness", cfg, generate=lambda p: "ENGINE SUMMARY"),
-        runner_factory=FakeRunner,
-    )
-    h.reset("You are an agent.", "Do the task.", tmp_path / "ws")
-    for i in range(6):
-        shell(h, f"echo {i}")
-    shell(h, "emit 2500")
-    assert h.context.turns[0].content.splitlines()[1] == "ENGINE SUMMARY"
+    h = _engine_harness(counter, tmp_path, lambda p: "ENGINE SUMMARY of the work so far")
+    events = [e for i in range(6) for e in shell(h, f"echo {i}").events]
+    events += shell(h, "emit 2500").events
+    assert h.context.turns[0].content.splitlines()[1] == "ENGINE SUMMARY of the work so far"
+    [fold] = _folds(events)
+    assert fold["summariser"] == "engine" and fold["fallback"] is None
+    assert fold["summary"] == "ENGINE SUMMARY of the work so far"
     with pytest.raises(ConfigError, match="generate"):
-        make_mode("harness", cfg)
+        make_mode("harness", HarnessConfig(modes=ModesConfig(pressure=PressureConfig(summariser="engine"))))
+
+
+def _raises(prompt: str) -> str:
+    raise RuntimeError("engine down")
+
+
+@pytest.mark.parametrize(
+    ("generate", "why"),
+    [
+        (_raises, "RuntimeError: engine down"),
+        (lambda p: "", "SummaryError"),
+        (lambda p: "#" * 40, "SummaryError"),
+    ],
+)
+def test_a_failing_summariser_falls_back_to_the_extractive_summary(
+    counter: ChatTemplateCounter, tmp_path: Path, generate: Any, why: str
+) -> None:
+    """An engine error, an empty answer or garbage never fails the step: the fold is extractive, and says why."""
+    h = _engine_harness(counter, tmp_path, generate)
+    events = [e for _ in range(6) for e in shell(h, "emit 500").events]  # under 600 characters: folded only
+    events += shell(h, "emit 2500").events
+    folds = _folds(events)
+    assert folds and all(f["summariser"] == "extractive" and f["fallback"].startswith(why) for f in folds)
+    note = h.context.turns[0].content.splitlines()
+    assert note[0].startswith("[folded history: ") and note[1].startswith("- ")
+    assert note[1:-1] == folds[-1]["summary"].splitlines()  # the extractive text is what the model sees
+    assert "- you: called shell(" in h.context.turns[0].content

@@ -192,6 +192,29 @@ def build_engine(config: RunConfig, folder: Path | None, tokenizer: Any) -> Any:
     return make_engine(cfg, folder)
 
 
+def summary_engine(config: RunConfig, folder: Path | None, tokenizer: Any) -> tuple[Any, Any]:
+    """``(generate, engine)`` for ``harness.modes.pressure.summariser: engine`` under the scripted engine.
+
+    A model engine summarises with itself (the rollout loop builds that): ``(None, None)``, as for any other
+    summariser. A scripted policy has no model, so the summaries come from the run's model (``--model``)
+    through the ``hf`` engine, which the caller closes; without a model it is a ConfigError naming the fix.
+    """
+    if config.harness.modes.pressure.summariser != "engine" or config.engine.name != "scripted":
+        return None, None
+    from ctxrl.train.rollout import SCRIPTED_SUMMARISER
+
+    if folder is None:
+        raise ConfigError(SCRIPTED_SUMMARISER)
+    from ctxrl.env.episode import PromptBuilder
+    from ctxrl.train.engines import EngineConfig, make_engine
+    from ctxrl.train.engines.model_dir import check_causal_lm_dir
+    from ctxrl.train.summarise import engine_generate
+
+    check_causal_lm_dir(folder)
+    engine = make_engine(EngineConfig(name="hf", seed=config.engine.seed, dtype=config.engine.dtype), folder)
+    return engine_generate(engine, PromptBuilder(tokenizer)), engine
+
+
 @contextlib.contextmanager
 def library_logs_to(path: Path) -> Iterator[TextIO]:
     """Send everything the libraries print (vLLM's, transformers', torch's warnings and logs, C-level

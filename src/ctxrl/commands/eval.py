@@ -36,6 +36,7 @@ from ctxrl.commands.common import (
     resolve_model,
     run_config,
     save_config,
+    summary_engine,
     write_text,
 )
 from ctxrl.commands.config import RunConfig
@@ -102,6 +103,7 @@ def eval_command(
     tasks = [make_task(f, s, ev.difficulty, split=ev.split) for f in families for s in seeds]
     scripted = config.engine.name == "scripted"
     folder, tokenizer, price = resolve_model(config, out)
+    generate, summariser = summary_engine(config, folder, tokenizer)
 
     started = dt.datetime.now(dt.UTC)
     records: list[EpisodeRecord] = []
@@ -118,6 +120,7 @@ def eval_command(
                 geometry=price,
                 harness=config.harness,
                 sampling=config.sampling,
+                generate=generate,
             )
         finally:
             engine.close()
@@ -125,6 +128,8 @@ def eval_command(
         results[label] = [episode_row(ep) for ep in result.episodes]
         done = results[label]
         print(f"{label}: {sum(r['success'] for r in done)}/{len(done)} solved ({result.stats.wall_s:.0f} s)")
+    if summariser is not None:
+        summariser.close()
     table = summary_table(results, families)
     text = markdown(table)
     print(text)

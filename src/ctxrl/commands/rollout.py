@@ -27,6 +27,7 @@ from ctxrl.commands.common import (
     resolve_model,
     run_config,
     save_config,
+    summary_engine,
     write_text,
 )
 from ctxrl.commands.config import RunConfig
@@ -100,6 +101,7 @@ def rollout_command(config: RunConfig, out: Path, *, overwrite: bool = False) ->
     tasks = list(BuiltinTaskSource(tc.families or None, tc.difficulty).tasks(tc.split, tc.count))
     save_config(config, out)
     folder, tokenizer, price = resolve_model(config, out)
+    generate, summariser = summary_engine(config, folder, tokenizer)
     engine = build_engine(config, folder, tokenizer)
     try:
         total = len(tasks) * config.rollout.group_size
@@ -122,9 +124,12 @@ def rollout_command(config: RunConfig, out: Path, *, overwrite: bool = False) ->
                 on_step=on_step,
                 harness=config.harness,
                 sampling=config.sampling,
+                generate=generate,
             )
     finally:
         engine.close()
+        if summariser is not None:
+            summariser.close()
         if (out / "workspaces").is_dir() and not any((out / "workspaces").iterdir()):
             (out / "workspaces").rmdir()
     save_trajectories(result.episodes, out / "trajectories.jsonl")

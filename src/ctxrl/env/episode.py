@@ -333,8 +333,9 @@ class TaskEpisode:
     """One episode of ``task`` in mode ``mode``: reset, step, finish, teardown. See the module docstring.
 
     ``config`` is the harness config (default: :func:`episode_config` of the defaults); ``skill`` the text
-    in the system prompt (default: the mode's). Not thread-safe; different episodes may run in different
-    threads.
+    in the system prompt (default: the mode's); ``generate(prompt_text) -> text`` the engine the pressure
+    pass's ``engine`` summariser calls (needed when ``config.modes.pressure.summariser`` is ``engine``). Not
+    thread-safe; different episodes may run in different threads.
     """
 
     def __init__(
@@ -347,6 +348,7 @@ class TaskEpisode:
         config: HarnessConfig | None = None,
         skill: str | None = None,
         keep_workspace: bool = False,
+        generate: Callable[[str], str] | None = None,
     ) -> None:
         spec = mode_spec(mode)
         self.task, self.mode, self.builder = task, mode, builder
@@ -355,6 +357,7 @@ class TaskEpisode:
         self.skill = skill if skill is not None else spec.skill
         self.edit_tools = spec.edit_tools
         self.keep_workspace = keep_workspace
+        self.generate = generate
         self.harness: Harness | None = None
         self.messages: Messages = []
         self.tools: list[dict[str, Any]] = []
@@ -378,7 +381,7 @@ class TaskEpisode:
     def reset(self) -> Messages:
         """Materialise the task, start the harness, build the first prompt; return its messages."""
         self.task.materialize(self.workspace)
-        mode = TaskToolsMode(make_mode(self.mode, self.config), self.task)
+        mode = TaskToolsMode(make_mode(self.mode, self.config, generate=self.generate), self.task)
         self.harness = Harness(self.config, self.builder.counter, mode=mode)
         self.messages = self.harness.reset(
             system_prompt(self.skill, self.config.context_file, readout=self.harness.features.readout),

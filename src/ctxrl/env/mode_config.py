@@ -70,36 +70,99 @@ class UsageModeConfig:
 
 
 @dataclass(frozen=True)
+class PressureSizing:
+    """The pressure pass's thresholds for one episode: :meth:`PressureConfig.sizing` of its limit."""
+
+    spill_chars: int
+    """A result at least this many characters long is spilled whatever its age."""
+    keep_rounds: int | None
+    """Rounds kept from age spill and folding; None: as many of the newest as fit in ``keep_tokens``."""
+    keep_tokens: int
+    """Token window of the newest rounds kept when ``keep_rounds`` is None (the newest round always stays)."""
+    summary_chars: int
+    """Most characters of one fold summary."""
+
+
+@dataclass(frozen=True)
 class PressureConfig:
-    """The mid-turn pressure pass: spill old and oversized results, fold history at the soft ceiling."""
+    """The mid-turn pressure pass: spill old and oversized results, fold history at the soft ceiling.
+
+    **Sizing.** ``spill_chars``, ``keep_rounds`` and ``summary_chars`` default to None: sized to the
+    episode's limit (``HarnessConfig.limit``, budget − reserve, in tokens) by :meth:`sizing`, so the pass
+    keeps the same proportions on a 4k-token window as on a 32k one. Characters are converted from tokens
+    with the chars/token that the episode's token counter measures on the task text. The rule:
+
+    - ``spill_chars = max(600, round(spill_pct × limit × chars_per_token))``: a result that alone takes
+      ``spill_pct`` of the limit is spilled at once (with the default 0.4 and the soft ceiling at 0.8, two
+      such results could not both sit under it); anything smaller is shown to the model at least once.
+    - kept rounds: the newest rounds (an assistant turn with its results), newest first, while together
+      they take at most ``keep_pct × limit`` tokens; the newest round always stays. With the defaults
+      (``keep_pct`` 0.4, ``summary_pct`` 0.1, soft ceiling 0.8) a fold leaves the prefix (up to about 0.3 of
+      the limit in the built-in tasks), one summary and the kept rounds under the ceiling.
+    - ``summary_chars = max(200, round(summary_pct × limit × chars_per_token))``.
+
+    An explicit value of any of the three wins over the rule.
+    """
 
     enabled: bool = False
     """Run the pass underneath the file, tools and usage modes too (harness mode always runs it)."""
     spill: bool = True
     """Spill old and oversized results; False leaves only the fold (usage mode's compaction backstop)."""
-    keep_rounds: int = 4
-    """Results of the last this many rounds are not spilled for age, and not folded."""
-    spill_chars: int = 8000
-    """A result at least this long is spilled whatever its age."""
+    keep_rounds: int | None = None
+    """Results of the last this many rounds are not spilled for age, and not folded; None: the newest rounds
+    that fit in ``keep_pct`` of the limit (see the class docstring)."""
+    keep_pct: float = 0.4
+    """With ``keep_rounds`` None: the token window (fraction of the limit) of the rounds kept."""
+    spill_chars: int | None = None
+    """A result at least this long is spilled whatever its age; None: ``spill_pct`` of the limit, in
+    characters."""
+    spill_pct: float = 0.4
+    """With ``spill_chars`` None: the share of the limit from which a single result is spilled at once."""
     compact_pct: float = 0.8
     """The soft ceiling (fraction of the limit) at which history folds into a summary."""
-    summary_chars: int = 2000
-    """Most characters of one fold summary."""
+    summary_chars: int | None = None
+    """Most characters of one fold summary; None: ``summary_pct`` of the limit, in characters."""
+    summary_pct: float = 0.1
+    """With ``summary_chars`` None: the share of the limit one fold summary may take."""
     summariser: SummariserName = "extractive"
-    """``extractive`` (deterministic, no model) or ``engine`` (calls the generation engine given to the mode)."""
+    """``extractive`` (deterministic, no model) or ``engine`` (the policy's generation engine writes the summary;
+    a failure falls back to the extractive one, recorded in the pressure event)."""
 
     def __post_init__(self) -> None:
-        if self.keep_rounds < 0:
-            raise ConfigError(f"keep_rounds must be >= 0, not {self.keep_rounds}")
-        if self.spill_chars < 600:
+        if self.keep_rounds is not None and self.keep_rounds < 0:
             raise ConfigError(
-                f"spill_chars must be >= 600 (results under 600 characters are never spilled), "
-                f"not {self.spill_chars}"
+                f"keep_rounds must be >= 0 (or null: sized to the limit), not {self.keep_rounds}"
+            )
+        if self.spill_chars is not None and self.spill_chars < 600:
+            raise ConfigError(
+                f"spill_chars must be >= 600 (results under 600 characters are never spilled) or null "
+                f"(sized to the limit), not {self.spill_chars}"
             )
         if not 0 < self.compact_pct <= 1:
             raise ConfigError(f"compact_pct must be a fraction in (0, 1], not {self.compact_pct}")
-        if self.summary_chars < 200:
-            raise ConfigError(f"summary_chars must be >= 200, not {self.summary_chars}")
+        if self.summary_chars is not None and self.summary_chars < 200:
+            raise ConfigError(
+                f"summary_chars must be >= 200 (or null: sized to the limit), not {self.summary_chars}"
+            )
+        for name in ("keep_pct", "spill_pct", "summary_pct"):
+            value = getattr(self, name)
+            if not 0 < value <= 1:
+                raise ConfigError(f"{name} must be a fraction in (0, 1], not {value}")
+
+    def sizing(self, limit: int, chars_per_token: float) -> PressureSizing:
+        """The thresholds for an episode whose limit is ``limit`` tokens, its text ``chars_per_token``
+        characters per token (see the class docstring; explicit values are kept)."""
+        if limit < 1 or chars_per_token <= 0:
+            raise ConfigError(
+                f"sizing needs a positive limit and chars/token, not {limit} and {chars_per_token}"
+            )
+        spill = self.spill_chars
+        if spill is None:
+            spill = max(600, round(self.spill_pct * limit * chars_per_token))
+        summary = self.summary_chars
+        if summary is None:
+            summary = max(200, round(self.summary_pct * limit * chars_per_token))
+        return PressureSizing(spill, self.keep_rounds, max(1, round(self.keep_pct * limit)), summary)
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ from ctxrl.errors import ConfigError
 from ctxrl.rewards.cost import ModelGeometry, episode_cost, replay_episode, step_flops
 from ctxrl.rewards.masks import MaskSetting, edit_mask
 from ctxrl.train.engines.base import Engine, Generation, SamplingConfig
+from ctxrl.train.summarise import SUMMARY_MAX_NEW_TOKENS, engine_generate
 from ctxrl.train.trajectory import EpisodeRecord, StepCost, StepRecord, skill_id
 
 
@@ -348,6 +349,12 @@ GPU_BLOCK_SIZE = 16
 """vLLM's KV block size on GPUs: the cost replay's block size for engines without a prefix cache."""
 
 
+SCRIPTED_SUMMARISER = (
+    "harness.modes.pressure.summariser=engine needs a model to write the summaries and the scripted engine has "
+    "none: give --model DIR (ctxrl eval and rollout then summarise with it through transformers) or set "
+    "harness.modes.pressure.summariser=extractive"
+)
+
 StepCallback = Callable[[int, int], None]
 """``on_step(env_steps, episodes_ended)``: called after every batched step with that step's counts."""
 
@@ -364,6 +371,7 @@ def rollout(
     harness: HarnessConfig | None = None,
     sampling: SamplingConfig | None = None,
     skills: Sequence[str | None] | None = None,
+    generate: Callable[[str], str] | None = None,
 ) -> RolloutResult:
     """Run ``config.group_size`` episodes of every task in ``tasks``, all at once, until every one ends.
 
@@ -372,7 +380,12 @@ def rollout(
     the settings of every generate call (default: :class:`SamplingConfig`'s). ``skills``, one
     per task (None: ``config.skill``), lets the episodes of one batch carry different skills. Workspaces
     live under ``workdir`` (a temporary folder, removed afterwards, when None). ``geometry`` prices the
-    episodes in FLOPs too. See the module docstring for the loop and the end reasons.
+    episodes in FLOPs too. ``generate(prompt_text) -> text`` writes the fold summaries of the pressure pass
+    when ``harness.modes.pressure.summariser`` is ``engine``; None: the policy's own ``engine``
+    (:func:`ctxrl.train.summarise.engine_generate`, greedy, at most ``sampling.max_new_tokens`` and
+    :data:`~ctxrl.train.summarise.SUMMARY_MAX_NEW_TOKENS` tokens), which a scripted engine cannot be
+    (ConfigError). See the
+    module docstring for the loop and the end reasons.
     """
     cfg = config or RolloutConfig()
     sampling = sampling or SamplingConfig()
@@ -382,6 +395,12 @@ def rollout(
         raise ConfigError(f"got {len(skills)} skills for {len(tasks)} tasks; give one per task (or None)")
     block_size = cfg.cache_block_size or getattr(engine, "cache_block_size", None) or GPU_BLOCK_SIZE
     builder = PromptBuilder(tokenizer)
+    if generate is None and (harness or HarnessConfig()).modes.pressure.summariser == "engine":
+        if engine.name == "scripted":
+            raise ConfigError(SCRIPTED_SUMMARISER)
+        generate = engine_generate(
+            engine, builder, max_new_tokens=min(SUMMARY_MAX_NEW_TOKENS, sampling.max_new_tokens)
+        )
     own_dir = workdir is None
     root = Path(tempfile.mkdtemp(prefix="ctxrl-rollout-")) if workdir is None else Path(workdir)
     root.mkdir(parents=True, exist_ok=True)
@@ -399,6 +418,7 @@ def rollout(
             config=config,
             skill=skill,
             keep_workspace=cfg.keep_workspaces,
+            generate=generate,
         )
         return _Episode(episode, g, i, cfg)
 
