@@ -58,8 +58,8 @@ class UsageModeConfig:
     locked_paths: tuple[str, ...] = ()
     """Workspace paths of locked specifications: their file views are never evicted or listed."""
     compaction: bool = True
-    """The seed's automatic backstop: when the context reaches the soft ceiling (``pressure.compact_pct``),
-    history older than ``pressure.keep_rounds`` rounds folds into a summary (the pressure pass's fold; no
+    """The seed's automatic backstop: when the window is full (the limit; the signal threshold is a share of
+    the same figure), older history folds into a summary (the pressure pass's fold with its kept rounds; no
     result is spilled, so eviction stays the model's). Off: nothing stops an overflow, which fails."""
 
     def __post_init__(self) -> None:

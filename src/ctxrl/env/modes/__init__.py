@@ -70,8 +70,9 @@ def _tools(modes: ModesConfig, pressure: PressurePass) -> Mode:
 def _usage(modes: ModesConfig, pressure: PressurePass) -> Mode:
     if modes.pressure.enabled:
         return UsageMode(modes, pressure)
-    if modes.usage.compaction:  # seed 001's backstop: history folds at the soft ceiling; nothing is spilled
-        return UsageMode(modes, PressurePass(replace(modes.pressure, spill=False), pressure.summariser))
+    if modes.usage.compaction:  # seed 001's backstop: history folds when the window is full; nothing spills
+        backstop = replace(modes.pressure, spill=False, compact_pct=1.0)
+        return UsageMode(modes, PressurePass(backstop, pressure.summariser))
     return UsageMode(modes, None)
 
 
