@@ -129,7 +129,7 @@ def test_pinned_items_are_never_spilled_or_folded(
     h.step(Action("", (ToolCall.make("", "context_pin", {"handles": ["call_1_0"]}),)))
     events = [e for _ in range(4) for e in shell(h, "emit 800").events]
     pinned = next(t for t in h.context.turns if t.tool_call_id == "call_1_0")
-    assert pinned.content.startswith("row 0 hash")
+    assert pinned.content.startswith("[r1.1]\nrow 0 hash")  # tools mode tags each result with its handle
     other = [t.content for t in h.context.turns if t.tool_call_id == "call_3_0"]
     assert other == [] if compact_pct < 1 else STUB_RE.match(other[0])  # folded away, or spilled
     assert any(e["folded_turns"] for e in events) == (compact_pct < 1)

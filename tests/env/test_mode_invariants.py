@@ -136,7 +136,7 @@ def _check_nothing_lost(harness: Harness, root: Path, storage: str) -> None:
             assert m["storage"] == storage
             if storage == "disk":
                 body = store.get(m["id"])
-                assert body is not None and body_id(body) == m["id"]
+                assert body is not None and body_id(body).startswith(m["id"])  # stubs show a short id
             else:
                 assert "cannot be restored" in turn.content
     if storage == "memory-only":

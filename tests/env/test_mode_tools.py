@@ -1,19 +1,24 @@
-"""``tools`` mode (seed 000): handles, refusals, stubs, restore, notes, pins, offer rules, events."""
+"""``tools`` mode (seed 000): handles, refusals, stubs, restore, notes, pins, offer rules and the offer note,
+events."""
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ctxrl.env import overflow
 from ctxrl.env.config import HarnessConfig
 from ctxrl.env.context import ChatTemplateCounter, ToolCall
+from ctxrl.env.episode import PromptBuilder
 from ctxrl.env.harness import Action, Harness, StepResult
 from ctxrl.env.mode_config import ModesConfig, ToolsModeConfig
 from ctxrl.env.modes import ToolsMode, make_mode
+from ctxrl.env.modes.tools import OFFER_HEADER
 from ctxrl.env.overflow import STUB_RE
 from ctxrl.env.receipts import ReceiptKind
 from ctxrl.env.sandbox import CommandResult, SandboxConfig
@@ -68,8 +73,26 @@ def tool_turn(harness: Harness, call_id: str) -> str:
     return next(t.content for t in harness.context.turns if t.tool_call_id == call_id)
 
 
+def after_tag(text: str, handle: str) -> str:
+    """``text`` without its first line, which must be the result's handle tag ``[handle]``."""
+    first, rest = text.split("\n", 1)
+    assert first == f"[{handle}]", text[:40]
+    return rest
+
+
 def names(harness: Harness) -> list[str]:
     return [t["function"]["name"] for t in harness.tools]
+
+
+def offered(harness: Harness) -> bool:
+    mode = harness.mode
+    assert isinstance(mode, ToolsMode)
+    return mode.offered
+
+
+def notes_announcing(harness: Harness) -> list[str]:
+    """The user turns in context that hold the offer note."""
+    return [t.content for t in harness.context.turns if t.role == "user" and OFFER_HEADER in t.content]
 
 
 @pytest.fixture
@@ -88,7 +111,7 @@ def test_drop_by_call_id_leaves_the_standard_stub(h: Harness) -> None:
     stub = tool_turn(h, "call_1_0")
     match = STUB_RE.fullmatch(stub)
     assert match is not None, stub
-    assert match["id"] == sha256_hex(body)
+    assert len(match["id"]) == 8 and sha256_hex(body).startswith(match["id"])  # the one id: 8 digits do
     assert (match["tool"], match["call_id"], match["storage"]) == ("shell", "call_1_0", "disk")
     assert int(match["bytes"]) == len(body.encode())
     assert result.receipts[0].kind == ReceiptKind.APPLIED
@@ -181,8 +204,8 @@ def test_read_overflow_restores_the_body_exactly(h: Harness) -> None:
     body = tool_turn(h, "call_1_0")
     call(h, ("context_drop", {"handles": ["call_1_0"]}))
     oid = sha256_hex(body)
-    assert call(h, ("read_overflow", {"id": oid})).observations[0].startswith(body)
-    assert call(h, ("read_overflow", {"id": oid[:10]})).observations[0].startswith(body)
+    assert after_tag(call(h, ("read_overflow", {"id": oid})).observations[0], "r3.1").startswith(body)
+    assert after_tag(call(h, ("read_overflow", {"id": oid[:10]})).observations[0], "r4.1").startswith(body)
     workspace = h._live().workspace
     stored = workspace.parent / f"{workspace.name}.overflow" / f"{oid}.txt"
     assert stored.read_text() == body  # outside the workspace: no command can reach it
@@ -223,15 +246,18 @@ def test_note_layout(h: Harness) -> None:
     lines = note.splitlines()
     assert lines[0] == "[note] built, wrote, filed"
     stub_ids = [STUB_RE.fullmatch(line)["id"] for line in lines[1:4]]  # type: ignore[index]
-    assert stub_ids == [sha256_hex(o) for o in originals]
+    assert [len(i) for i in stub_ids] == [8, 8, 8]
+    assert all(sha256_hex(o).startswith(i) for o, i in zip(originals, stub_ids))
     assert lines[4] == "Preserved (compaction-safe):"
     assert {"- 3b1c9f2a7d", "- src/app/main.py", "- approval_id=ap-9"} <= set(lines[5:])
     for i in (2, 3):
         other = tool_turn(h, f"call_{i}_0")
         assert "\n" not in other and STUB_RE.match(other)
-        assert other.endswith("(summarised in the note at call_1_0)")
-    for o in originals:
-        assert call(h, ("read_overflow", {"id": sha256_hex(o)})).observations[0].startswith(o)
+        assert other.endswith("(summarised in the note at r1.1)")  # the handle the model sees
+    for k, (o, short) in enumerate(zip(originals, stub_ids)):
+        assert after_tag(call(h, ("read_overflow", {"id": short})).observations[0], f"r{5 + k}.1").startswith(
+            o
+        )
 
 
 def test_note_longer_than_4000_characters_gets_a_format_receipt(h: Harness) -> None:
@@ -286,11 +312,14 @@ def test_pin_by_snippet_needs_exactly_one_match_of_12_characters(h: Harness) -> 
 def test_status_lists_the_largest_results_with_handles(h: Harness) -> None:
     call(h, ("shell", {"command": "emit 400"}), ("shell", {"command": "emit 3000"}))
     call(h, ("context_pin", {"handles": ["call_1_0"]}))
-    out = call(h, ("context_status", {"top": 1})).observations[0]
+    out = after_tag(call(h, ("context_status", {"top": 1})).observations[0], "r3.1")
     assert out.startswith("[context_status] ")
-    assert "Largest results in context (top 1):\n- call_1_1 (r1.2, shell):" in out
-    assert "call_1_0 (r1.1" not in out.split("Pinned:")[0]
-    assert "Pinned: call_1_0 (r1.1, shell)" in out and "Model pins: 1/20" in out
+    assert "Largest results in context (top 1):\n- r1.2 (shell):" in out
+    assert (
+        "tokens | line 0: value 0\n" in out
+    )  # the preview is the first line of the output, not the handle tag
+    assert "r1.1 (shell)" not in out.split("Pinned:")[0]
+    assert "Pinned: r1.1 (shell)" in out and "Model pins: 1/20" in out
     assert "rule format" in call(h, ("context_status", {"top": 31})).receipts[0].text
 
 
@@ -305,14 +334,16 @@ def test_offered_from_the_offer_round_and_then_stay_offered(
         tmp_path,
         modes=ModesConfig(tools=ToolsModeConfig(with_pressure=False, offer_pct=1.0, offer_round=3)),
     )
-    assert "context_drop" not in names(h)
     call(h, ("shell", {"command": "echo 1"}))
-    assert "context_drop" not in names(h)
-    call(h, ("shell", {"command": "echo 2"}))  # the coming round is 3
-    assert "context_drop" in names(h)
-    assert "context_drop" in h.context.to_messages()[0]["content"] or any(
-        t["function"]["name"] == "context_drop" for t in h.context.tools
-    )
+    assert not offered(h) and notes_announcing(h) == []
+    second = call(h, ("shell", {"command": "echo 2"}))  # the coming round is 3
+    assert offered(h) and len(notes_announcing(h)) == 1
+    assert second.observations[-1] == h.context.turns[-1].content  # the note is this step's own observation
+    assert "context_drop" not in names(h)  # announced by the note; the tool list is the one of reset
+    for i in range(3):
+        call(h, ("shell", {"command": f"echo {i}"}))
+    assert offered(h) and len(notes_announcing(h)) == 1  # stays offered, announced once
+    assert call(h, ("context_drop", {"handles": ["r1.1"]})).receipts[0].applied
 
 
 def test_offer_round_zero_means_usage_only(counter: ChatTemplateCounter, tmp_path: Path) -> None:
@@ -324,11 +355,11 @@ def test_offer_round_zero_means_usage_only(counter: ChatTemplateCounter, tmp_pat
     )
     for i in range(3):
         call(h, ("shell", {"command": f"echo {i}"}))
-    assert "context_drop" not in names(h)
+    assert not offered(h)
     call(h, ("shell", {"command": "emit 8000"}))  # about 4,000 tokens: over 20 % of the 13,952 limit
-    assert "context_drop" in names(h)
-    call(h, ("context_drop", {"handles": ["call_4_0"]}))  # usage falls again; the offer stays
-    assert h.context.tokens < 0.2 * h.config.limit and "context_drop" in names(h)
+    assert offered(h)
+    call(h, ("context_drop", {"handles": ["r4.1"]}))  # usage falls again; the offer stays
+    assert h.context.tokens < 0.2 * h.config.limit and offered(h)
 
 
 @pytest.mark.parametrize(
@@ -341,13 +372,13 @@ def test_offered_when_the_user_asks(counter: ChatTemplateCounter, tmp_path: Path
         task,
         modes=ModesConfig(tools=ToolsModeConfig(with_pressure=False, offer_pct=1.0, offer_round=0)),
     )
-    assert "context_note" in names(h)
+    assert offered(h) and "context_note" in names(h)  # offered at reset: listed in the first prompt
     other = make(
         counter,
         tmp_path / "b",
         modes=ModesConfig(tools=ToolsModeConfig(with_pressure=False, offer_pct=1.0, offer_round=0)),
     )
-    assert "context_note" not in names(other)
+    assert not offered(other) and "context_note" not in names(other)
 
 
 def test_reminder_at_the_soft_ceiling_once_per_episode(counter: ChatTemplateCounter, tmp_path: Path) -> None:
@@ -397,13 +428,168 @@ def test_context_tools_are_refused_before_they_are_offered(
     counter: ChatTemplateCounter, tmp_path: Path
 ) -> None:
     """Seed 000: the context tools exist only once offered; a call before that is refused with a receipt
-    and changes nothing."""
-    late = ModesConfig(tools=ToolsModeConfig(with_pressure=False, offer_pct=1.0, offer_round=0))
+    and changes nothing (no stub, no pin, no overflow body); once offered, the same call applies."""
+    late = ModesConfig(tools=ToolsModeConfig(with_pressure=False, offer_pct=1.0, offer_round=4))
     harness = make(counter, tmp_path, modes=late)
-    assert "context_drop" not in names(harness)
-    call(harness, ("shell", {"command": "emit 400 big"}))
-    before = list(harness.context.turns)
-    result = call(harness, ("context_drop", {"handles": ["r1"]}))
-    assert [r.kind for r in result.receipts] == ["rejected"]
-    assert "rejected by rule not_offered" in result.receipts[0].text
-    assert list(harness.context.turns[: len(before)]) == before  # nothing was dropped
+    call(harness, ("shell", {"command": "emit 800 big"}))
+    before, tokens = list(harness.context.turns), harness.context.tokens
+    result = call(
+        harness,
+        ("context_drop", {"handles": ["r1.1"]}),
+        ("context_note", {"handles": ["r1.1"], "note": "big"}),
+        ("context_pin", {"handles": ["r1.1"]}),
+        ("context_status", {}),
+    )
+    assert [r.kind for r in result.receipts] == [ReceiptKind.REJECTED] * 4  # one receipt per call
+    assert all("rejected by rule not_offered" in r.text for r in result.receipts)
+    assert all("not offered yet" in o for o in result.observations[:4])
+    assert list(harness.context.turns[: len(before)]) == before  # nothing was dropped, noted or rewritten
+    assert [(r.before, r.after) for r in result.receipts] == [(tokens, tokens)] * 4
+    mode = harness.mode
+    assert isinstance(mode, ToolsMode) and not any(mode.is_pinned(t) for t in harness.context.turns)
+    assert not (tmp_path / "ws.overflow").exists()  # no body went to the overflow store
+    assert [(e["op"], e["ok"]) for e in result.events] == [
+        ("drop", False),
+        ("note", False),
+        ("pin", False),
+        ("status", False),
+    ]
+    call(harness, ("shell", {"command": "echo 3"}))  # the coming round is 4: offered
+    assert offered(harness)
+    assert call(harness, ("context_drop", {"handles": ["r1.1"]})).receipts[0].applied
+    assert STUB_RE.match(tool_turn(harness, "call_1_0"))
+
+
+# --- the offer note keeps the prompt's prefix ------------------------------------------------------------
+
+LATE = ModesConfig(tools=ToolsModeConfig(with_pressure=False, offer_pct=1.0, offer_round=3))
+
+
+def test_an_offer_mid_episode_keeps_the_prompt_a_prefix(
+    counter: ChatTemplateCounter, tiny_tokenizer: Any, tmp_path: Path
+) -> None:
+    """The prompt ids before the offer are an exact prefix of the prompt ids after it: the tool list (and so
+    the system message) is the one of reset, and the tools are announced by an appended note."""
+    builder = PromptBuilder(tiny_tokenizer)
+    h = make(counter, tmp_path, modes=LATE)
+    prompts = [builder.full(h.context.to_messages(), h.tools)]
+    for i in range(4):  # the offer comes after the second step
+        call(h, ("shell", {"command": f"echo {i}"}))
+        prompts.append(builder.full(h.context.to_messages(), h.tools))
+    assert offered(h)
+    for before, after in itertools.pairwise(prompts):
+        assert after[: len(before)] == before
+    system = builder.render(h.context.to_messages()[:1], h.tools)
+    assert "context_drop" not in system and "context_drop" in builder.decode(prompts[-1])
+
+
+def test_the_offer_note_lists_every_context_tool_with_its_signature(
+    counter: ChatTemplateCounter, tmp_path: Path
+) -> None:
+    h = make(counter, tmp_path, modes=LATE)
+    call(h, ("shell", {"command": "echo 1"}))
+    call(h, ("shell", {"command": "echo 2"}))
+    (note,) = notes_announcing(h)
+    lines = note.splitlines()
+    assert lines[0] == "[context tools] offered from now on; call them like your other tools:"
+    assert [line.split(":")[0] for line in lines[1:6]] == [
+        "- context_status(top?)",
+        "- context_pin(handles?, snippet?)",
+        "- context_unpin(handles?, snippet?, all?)",
+        "- context_drop(handles)",
+        "- context_note(handles, note)",
+    ]
+    assert lines[6].startswith("Handles: the [r<round>.<i>] atop each result; r<round> for all results")
+    assert len(lines) == 7 and len(note) < 800  # the schemas it replaces are about 2,400 characters
+    mode = h.mode
+    assert isinstance(mode, ToolsMode)
+    assert mode.is_pinned(next(t for t in h.context.turns if t.content == note))  # the pressure pass skips it
+
+
+def test_offer_from_start_lists_the_schemas_in_the_first_prompt(
+    counter: ChatTemplateCounter, tmp_path: Path
+) -> None:
+    start = ModesConfig(tools=ToolsModeConfig(with_pressure=False, offer_pct=1.0, offer_from_start=True))
+    h = make(counter, tmp_path, modes=start)
+    assert offered(h)
+    assert names(h) == [
+        "shell",
+        "read_overflow",
+        "context_status",
+        "context_pin",
+        "context_unpin",
+        "context_drop",
+        "context_note",
+        "submit",
+    ]
+    for i in range(3):
+        call(h, ("shell", {"command": f"echo {i}"}))
+    assert notes_announcing(h) == []  # listed from the start: no note
+
+
+def test_the_offer_note_comes_back_after_a_rollback_but_not_after_the_model_drops_it(
+    counter: ChatTemplateCounter, tmp_path: Path
+) -> None:
+    usage = ModesConfig(tools=ToolsModeConfig(with_pressure=False, offer_pct=0.3, offer_round=0))
+    h = make(counter, tmp_path, modes=usage, budget=8000)
+    first = call(h, ("shell", {"command": "emit 20000"}))  # offered (past 30 %) and over the limit
+    assert offered(h) and first.rolled_back_turns > 0
+    assert notes_announcing(h) == []  # the rollback took the note with the output
+    call(h, ("shell", {"command": "echo small"}))
+    (note,) = notes_announcing(h)
+    turn = next(t for t in h.context.turns if t.content == note)
+    handle = "m" + hashlib.sha256(f"user\n{turn.content}".encode()).hexdigest()[:8]
+    assert call(h, ("context_drop", {"handles": [handle]})).receipts[0].applied
+    call(h, ("shell", {"command": "echo after"}))
+    assert notes_announcing(h) == []  # the model's own choice stands
+
+
+# --- handles the model can see ----------------------------------------------------------------------------
+
+
+def test_every_result_starts_with_its_handle_and_the_handle_names_it(h: Harness) -> None:
+    call(h, ("shell", {"command": "echo alpha"}), ("shell", {"command": "echo beta"}))
+    call(h, ("shell", {"command": "emit 900 gamma"}))
+    results = [t.content for t in h.context.turns if t.role == "tool"]
+    assert [r.split("\n", 1)[0] for r in results] == ["[r1.1]", "[r1.2]", "[r2.1]"]
+    assert after_tag(results[1], "r1.2").startswith("echo beta")
+    dropped = call(h, ("context_drop", {"handles": ["[r2.1]"]}))  # the tag as shown, brackets and all
+    assert dropped.receipts[0].applied and STUB_RE.match(tool_turn(h, "call_2_0"))
+    assert (
+        after_tag(dropped.observations[0], "r3.1")
+        .splitlines()[1]
+        .startswith("- [r2.1]: dropped, overflow id ")
+    )
+
+
+def test_a_stub_shows_a_short_id_that_read_overflow_restores(h: Harness) -> None:
+    call(h, ("shell", {"command": "emit 2500"}))
+    body = tool_turn(h, "call_1_0")
+    drop = call(h, ("context_drop", {"handles": ["r1.1"]}))
+    match = STUB_RE.fullmatch(tool_turn(h, "call_1_0"))
+    assert match is not None
+    short = match["id"]
+    assert 8 <= len(short) <= 12 and all(c in "0123456789abcdef" for c in short)
+    assert f"overflow id {short}\n" in drop.observations[0]  # the drop's result names the same short id
+    restored = call(h, ("read_overflow", {"id": short})).observations[0]
+    assert after_tag(restored, "r3.1").startswith(body)
+
+
+def test_short_ids_stay_unique_and_restorable_when_ids_share_a_prefix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bodies whose ids share their first 8 (then 9) hex digits: each stub's id is the shortest prefix no
+    other id had when it was stored, and every stub's id still restores its own body afterwards."""
+    ids = {
+        "first": "abcdef01" + "0" * 56,
+        "second": "abcdef01" + "1" * 56,
+        "third": "abcdef011" + "2" * 55,
+    }
+    monkeypatch.setattr(overflow, "body_id", lambda body: ids[body])
+    store = overflow.OverflowStore(tmp_path / "store")
+    stubs = {body: store.stub(body, "shell", "c1") for body in ids}
+    shown = {body: STUB_RE.fullmatch(stub)["id"] for body, stub in stubs.items()}  # type: ignore[index]
+    assert shown == {"first": "abcdef01", "second": "abcdef011", "third": "abcdef0112"}
+    for body, short in shown.items():
+        assert store.get(short) == body
+    assert store.get("abcdef0111") == "second" and store.get(ids["third"]) == "third"

@@ -27,6 +27,10 @@ class ToolsModeConfig:
     """Usage (fraction of the limit) from which the context tools are offered."""
     offer_round: int = 12
     """Round from which the tools are offered whatever the usage; 0 means usage (and asking) only."""
+    offer_from_start: bool = False
+    """Offer the context tools from the first prompt, their schemas in the tool list. Off: they are offered by
+    the rules above and announced mid-episode by an appended note (the tool list, and so the prompt's prefix,
+    stays as it was at reset)."""
     max_pins: int = 20
     """Pins the model may hold at once in one episode."""
     with_pressure: bool = True

@@ -2,11 +2,15 @@
 
 The standard stub (one line, in place of the body)::
 
-    [overflow id=<sha256> tool=<name> bytes=<n> call_id=<id> storage=disk]
+    [overflow id=<short id> tool=<name> bytes=<n> call_id=<id> storage=disk]
 
-``id`` is the SHA-256 of the body's UTF-8 bytes, so the same body always gets the same id and the same file.
-``tool`` / ``call_id`` are ``-`` for a body that is not a tool result. ``read_overflow {id}`` gives the body
-back.
+A body's full id is the SHA-256 of its UTF-8 bytes (64 hex digits), so the same body always gets the same id
+and the same file. The stub shows a **short id**: the shortest prefix of the full id, at least
+:data:`MIN_PREFIX` hex digits, that is not a prefix of any other id of the episode's store when the body is
+stored (a 64-digit id costs about 77 tokens of context, a short one about ten). A body keeps its short id for
+the episode, even if a later id shares its prefix. ``tool`` / ``call_id`` are ``-`` for a body that is not a
+tool result. ``read_overflow {id}`` gives the body back, by its short id, its full id or any unique prefix of
+at least 8 hex digits.
 
 Where bodies live: ``<root>/<sha256>.txt``, with ``root`` outside the episode workspace (see
 :class:`ctxrl.env.mode_config.ModesConfig`), so the model's commands can neither read a body around the
@@ -29,7 +33,7 @@ from ctxrl.env.mode_config import Storage
 STUB = "[overflow id={id} tool={tool} bytes={bytes} call_id={call_id} storage={storage}]"
 MEMORY_ONLY_NOTE = " (not saved: this body cannot be restored)"
 STUB_RE = re.compile(
-    r"\[overflow id=(?P<id>[0-9a-f]{64}) tool=(?P<tool>\S+) bytes=(?P<bytes>\d+) "
+    r"\[overflow id=(?P<id>[0-9a-f]{8,64}) tool=(?P<tool>\S+) bytes=(?P<bytes>\d+) "
     r"call_id=(?P<call_id>\S+) storage=(?P<storage>disk|memory-only)\]"
 )
 MIN_PREFIX = 8
@@ -54,6 +58,10 @@ class OverflowStore:
         self.root = root
         self.ids: list[str] = []
         """Ids put in this episode, in order, without repeats."""
+        self._short: dict[str, str] = {}
+        """Full id -> the short id its stubs show (fixed when the body is first stored)."""
+        self._full: dict[str, str] = {}
+        """Short id -> full id (the inverse of ``_short``)."""
 
     @property
     def storage(self) -> Storage:
@@ -64,6 +72,9 @@ class OverflowStore:
         oid = body_id(body)
         if oid not in self.ids:
             self.ids.append(oid)
+            short = _shortest_unique(oid, self.ids)
+            self._short[oid] = short
+            self._full[short] = oid
         if self.root is not None:
             path = self.root / f"{oid}.txt"
             if not path.exists():
@@ -73,11 +84,15 @@ class OverflowStore:
                 os.replace(tmp, path)
         return oid
 
+    def short(self, oid: str) -> str:
+        """The short id shown for the stored full id ``oid`` (``oid`` itself if this store never put it)."""
+        return self._short.get(oid, oid)
+
     def stub(self, body: str, tool: str | None, call_id: str | None) -> str:
-        """Store ``body`` and return the stub line that replaces it."""
+        """Store ``body`` and return the stub line that replaces it (with the body's short id)."""
         oid = self.put(body)
         line = STUB.format(
-            id=oid,
+            id=self.short(oid),
             tool=tool or "-",
             bytes=len(body.encode("utf-8")),
             call_id=call_id or "-",
@@ -86,15 +101,21 @@ class OverflowStore:
         return line + MEMORY_ONLY_NOTE if self.root is None else line
 
     def resolve(self, ref: str) -> str | None:
-        """The full id named by ``ref`` (a full id or a unique prefix of >= 8 hex digits), else None."""
+        """The full id named by ``ref`` (a stub's short id, a full id, or a unique prefix of >= 8 hex digits),
+        else None. Ids this store put come first; then the bodies already in its folder (put by an earlier
+        store on the same folder), where the prefix must name exactly one."""
         ref = ref.strip().lower()
         if len(ref) < MIN_PREFIX or not re.fullmatch(r"[0-9a-f]+", ref):
             return None
+        if ref in self._full:  # a short id stays valid when a later id happens to share its prefix
+            return self._full[ref]
         known = [oid for oid in self.ids if oid.startswith(ref)]
         if len(known) == 1:
             return known[0]
-        if len(ref) == 64 and self.root is not None and (self.root / f"{ref}.txt").is_file():
-            return ref  # stored by an earlier episode with the same store folder
+        if self.root is not None and not known:  # stored earlier with the same store folder (another store)
+            on_disk = sorted(path.stem for path in self.root.glob(f"{ref}*.txt"))
+            if len(on_disk) == 1:
+                return on_disk[0]
         return None
 
     def get(self, ref: str) -> str | None:
@@ -106,6 +127,15 @@ class OverflowStore:
             return (self.root / f"{oid}.txt").read_text(encoding="utf-8")
         except OSError:
             return None
+
+
+def _shortest_unique(oid: str, ids: list[str]) -> str:
+    """The shortest prefix of ``oid`` (at least :data:`MIN_PREFIX` digits) that no other id in ``ids`` starts with."""
+    others = [other for other in ids if other != oid]
+    for n in range(MIN_PREFIX, len(oid)):
+        if not any(other.startswith(oid[:n]) for other in others):
+            return oid[:n]
+    return oid
 
 
 # Identifiers a note or fold summary must keep verbatim: compaction must not paraphrase them away.

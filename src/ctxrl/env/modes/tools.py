@@ -5,9 +5,12 @@ Tools: ``shell``, ``read_overflow`` always; once offered, ``context_status``, ``
 
 **Handles** (how a call names a message of the editable region):
 
-- a tool result's ``tool_call_id`` (``call_…``, or the model's own id): that result;
 - ``r<round>.<i>``: the i-th result (1-based) of round ``round`` (the harness step that made the calls);
-  ``r<round>``: every result of that round still in the context;
+  ``r<round>``: every result of that round still in the context. Every tool result starts with its handle,
+  ``[r<round>.<i>]`` on a line of its own, so the model sees it (the chat template renders no call ids:
+  this is seed 000's fenced-call route); brackets around a handle are accepted;
+- a tool result's ``tool_call_id`` (``call_…``, or the model's own id): that result (shown as ``call_id=``
+  in a stub);
 - ``m<8 hex>``: any message, by the first 8 hex digits of SHA-256 of ``"<role>\\n<content>"``. This is how a
   message without a call id (a harness note, a result whose call was removed) is named. The handle changes
   when the message does (a merge, a stub).
@@ -24,8 +27,19 @@ assistant message of yours mentions the id. ``context_note`` keeps such ids in i
 **Offer rules** (re-checked after every step; once offered, the tools stay offered for the episode):
 usage ≥ ``offer_pct`` of the limit, or the coming round ≥ ``offer_round`` (when > 0), or the user asked:
 the task prompt (the user's only message in an episode) names a context tool or says "free up your
-context", "context window", "libera el contexto" or "ventana de contexto". The seed's "turn" is our episode,
-so the reminder at the soft ceiling (``modes.pressure.compact_pct``) is one user note per episode.
+context", "context window", "libera el contexto" or "ventana de contexto"; or ``offer_from_start``. The
+seed's "turn" is our episode, so the reminder at the soft ceiling (``modes.pressure.compact_pct``) is one
+user note per episode. A call to a context tool before the offer is refused (rule ``not_offered``) and
+changes nothing.
+
+**How the offer is announced.** Tools offered at reset (``offer_from_start``, or the user asked) are listed
+with their schemas in the first prompt. Tools offered mid-episode are announced by one user note
+(:func:`offer_note`: one line per tool, its signature and what it does, and the handle forms) while the
+tool list stays as it was at reset, so the prompt so far stays a prefix of the next one (listing the
+schemas would rewrite the system message, about 2.4k characters, and every token after it). The note is
+kept out of the pressure pass's reach while it stands alone (:meth:`ToolsMode.is_pinned`); whenever the
+whole note is no longer in the context (a rollback or a fold took it), it is appended again, unless the
+model itself dropped or noted it.
 
 Every context tool call records an event ``{"type": "context_op", "round", "op", "ok", "handles",
 "tokens_freed", "overflow_ids"}``; an edit (pin, unpin, drop, note) gets one receipt.
@@ -36,7 +50,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ctxrl.env.budget import BudgetFeatures, Means
@@ -70,6 +84,11 @@ REMINDER = (
 )
 APPROVAL_RE = re.compile(r"\bapproval[_ -]?id\s*[=:]\s*([\w.-]+)", re.IGNORECASE)
 _ROUND_HANDLE = re.compile(r"r(\d+)(?:\.(\d+))?")
+RESULT_TAG = "[r{round}.{index}]"
+"""The first line of every tool result: its handle."""
+RESULT_TAG_RE = re.compile(r"\A\[(r\d+\.\d+)\]\n")
+OFFER_HEADER = "[context tools] offered from now on"
+_OFFERED_LINE = re.compile(r"^- (context_[a-z]+)\(", re.MULTILINE)
 _MESSAGE_HANDLE = re.compile(r"m[0-9a-f]{8}")
 
 REFUSED_PINNED = "pinned (unpin it first)"
@@ -137,6 +156,47 @@ CONTEXT_TOOLS: dict[str, Schema] = {
 }
 
 
+def signature(schema: Schema) -> str:
+    """A tool's compact call signature, optional arguments marked ``?``: ``context_note(handles, note)``."""
+    fn = schema["function"]
+    params = fn["parameters"]
+    args = [k if k in params["required"] else f"{k}?" for k in params["properties"]]
+    return f"{fn['name']}({', '.join(args)})"
+
+
+OFFER_SUMMARIES = {
+    "context_status": "how full the context is; the largest results, pins and spilled ids",
+    "context_pin": "keep messages from being spilled or folded",
+    "context_unpin": "remove your pins (all=true: every one)",
+    "context_drop": "move results to overflow; each leaves a stub that read_overflow restores",
+    "context_note": f"replace results by your note (at most {NOTE_MAX_CHARS} characters); originals go to overflow",
+}
+"""What each context tool does, in the offer note (the schemas' descriptions are longer)."""
+
+
+def offer_note() -> str:
+    """The note that announces the context tools mid-episode (see the module docstring): one line per tool,
+    its signature and what it does, then the handle forms."""
+    lines = [f"{OFFER_HEADER}; call them like your other tools:"]
+    lines += [f"- {signature(CONTEXT_TOOLS[name])}: {what}" for name, what in OFFER_SUMMARIES.items()]
+    lines.append(
+        "Handles: the [r<round>.<i>] atop each result; r<round> for all results of a round; "
+        "m<8 hex> from context_status."
+    )
+    return "\n".join(lines)
+
+
+OFFER_NOTE = offer_note()
+
+
+def announced_tools(text: str) -> list[str]:
+    """The context tools an offer note in ``text`` announces (empty when ``text`` holds none)."""
+    if OFFER_HEADER not in text:
+        return []
+    start = text.index(OFFER_HEADER)
+    return [name for name in _OFFERED_LINE.findall(text[start:]) if name in CONTEXT_TOOLS]
+
+
 def message_handle(turn: Turn) -> str:
     """The ``m<8 hex>`` handle of a message."""
     return "m" + hashlib.sha256(f"{turn.role}\n{turn.content}".encode()).hexdigest()[:8]
@@ -153,6 +213,10 @@ class ToolsState:
     pins: dict[str, None] = field(default_factory=dict)
     """Model pins, in the order set."""
     offered: bool = False
+    listed: bool = False
+    """The context tools' schemas are in the tool list (offered at reset); else an offer note announces them."""
+    note_removed: bool = False
+    """The model dropped or noted the offer note itself: it is not appended again."""
     reminded: bool = False
 
 
@@ -174,6 +238,7 @@ class ToolsMode(Mode):
     def begin_episode(self, episode: Episode) -> None:
         self._state = ToolsState(Shared.begin(episode, self.config))
         self._update_offer(episode)
+        self._state.listed = self._state.offered
 
     def state(self, episode: Episode) -> ToolsState:
         """This episode's state (a new one when the harness moved to a new episode)."""
@@ -183,7 +248,15 @@ class ToolsMode(Mode):
         return self._state
 
     def is_pinned(self, turn: Turn) -> bool:
-        return self._state is not None and pin_key(turn) in self._state.pins
+        """Pinned for the pressure pass: a model pin, or a user turn that starts with the offer note (the tools'
+        description). Once a fold summary is merged in front of the note, the turn is no longer pinned, so
+        fold summaries never pile up in it; if a fold then takes the note, :meth:`after_step` appends it
+        again."""
+        if self._state is None:
+            return False
+        return pin_key(turn) in self._state.pins or (
+            turn.role == "user" and turn.content.startswith(OFFER_NOTE)
+        )
 
     def after_step(self, episode: Episode, ending: bool) -> StepNotes:
         state = self.state(episode)
@@ -198,10 +271,13 @@ class ToolsMode(Mode):
         self._update_offer(episode)
         notes: tuple[str, ...] = ()
         cfg, ctx = episode.config, episode.context
+        announce = state.offered and not state.listed and not state.note_removed and not ending
+        if announce and not _holds_offer_note(ctx.turns):
+            notes += (OFFER_NOTE,)
         ceiling = self.config.pressure.compact_pct * cfg.limit
-        if self.config.tools.enabled and not state.reminded and not ending and ctx.tokens >= ceiling:
+        if state.offered and not state.reminded and not ending and ctx.tokens >= ceiling:
             state.reminded = True
-            notes = (REMINDER.format(percent=int(100 * ctx.tokens / cfg.limit)),)
+            notes += (REMINDER.format(percent=int(100 * ctx.tokens / cfg.limit)),)
         return StepNotes(notes, shared.drain_events(), edited)
 
     def _update_offer(self, episode: Episode) -> None:
@@ -211,7 +287,7 @@ class ToolsMode(Mode):
         ctx, limit = episode.context, episode.config.limit
         by_usage = ctx.tokens >= tcfg.offer_pct * limit
         by_round = tcfg.offer_round > 0 and state.shared.rounds.current >= tcfg.offer_round
-        state.offered = by_usage or by_round or user_asked(ctx.task)
+        state.offered = tcfg.offer_from_start or by_usage or by_round or user_asked(ctx.task)
 
     def means(self, config: HarnessConfig) -> Means:
         return Means(
@@ -229,35 +305,44 @@ class ToolsMode(Mode):
     # --- tools -------------------------------------------------------------------------------------------
 
     def tool_schemas(self, config: HarnessConfig) -> list[dict[str, Any]]:
+        """The tool list: the context tools' schemas only when they were offered at reset (see the module
+        docstring); a later offer leaves the list, and so the system message, unchanged."""
         tools = [SHELL_TOOL, READ_OVERFLOW_TOOL]
-        if self.offered:
+        if self._state is not None and self._state.listed:
             tools += list(CONTEXT_TOOLS.values())
         return tools
 
     def run_call(self, call: ToolCall, episode: Episode) -> CallOutcome:
+        """Apply one call; its result starts with the result's handle (``[r<round>.<i>]``) unless the context
+        tools are disabled."""
         state = self.state(episode)
         state.shared.rounds.record(call.id)
+        outcome = self._run(call, episode, state)
+        if not self.config.tools.enabled:
+            return outcome
+        round_, index = state.shared.rounds.calls[call.id]
+        return replace(outcome, output=f"{RESULT_TAG.format(round=round_, index=index)}\n{outcome.output}")
+
+    def _run(self, call: ToolCall, episode: Episode, state: ToolsState) -> CallOutcome:
         if call.name == "shell":
             return run_shell(call, episode)
         if call.name == "read_overflow":
             return read_overflow(call, state.shared)
         schema = CONTEXT_TOOLS.get(call.name)
         if schema is None:
-            return unknown_tool(call, self.tool_schemas(episode.config), episode.context)
-        if not self.config.tools.enabled:
+            callable_ = [SHELL_TOOL, READ_OVERFLOW_TOOL, *(CONTEXT_TOOLS.values() if state.offered else ())]
+            return unknown_tool(call, callable_, episode.context)
+        if not self.config.tools.enabled or not state.offered:
+            # seed 000: off means never offered and refused; on, the tools do nothing until offered
+            rule = "disabled" if not self.config.tools.enabled else "not_offered"
+            why = "are off in this run" if rule == "disabled" else "are not offered yet"
             tokens = episode.context.tokens
-            text = f"[context] rejected by rule disabled: the context tools are off in this run ({tokens} tokens)"
-            return CallOutcome(
-                f"[{call.name}] the context tools are disabled in this run.",
-                Receipt(ReceiptKind.REJECTED, text, tokens, tokens),
+            text = f"[context] rejected by rule {rule}: the context tools {why}; context unchanged ({tokens} tokens)"
+            output = f"[{call.name}] the context tools {why}" + (
+                "; they are offered when the context fills." if rule == "not_offered" else "."
             )
-        if not state.offered:  # seed 000: the tools do nothing until the harness has offered them
-            tokens = episode.context.tokens
-            text = f"[context] rejected by rule not_offered: the context tools are not offered yet ({tokens} tokens)"
-            return CallOutcome(
-                f"[{call.name}] the context tools are not offered yet; they are offered when the context fills.",
-                Receipt(ReceiptKind.REJECTED, text, tokens, tokens),
-            )
+            self._event(state, call.name.removeprefix("context_"), False, [], 0, [])
+            return CallOutcome(output, Receipt(ReceiptKind.REJECTED, text, tokens, tokens))
         args, problem = parse_arguments(call, schema)
         if problem:
             return format_outcome(call.name, problem, episode.context)
@@ -275,6 +360,9 @@ class ToolsMode(Mode):
 
     def resolve(self, handle: str, turns: Sequence[Turn], state: ToolsState) -> list[int]:
         """Indices of the messages ``handle`` names (empty if none)."""
+        handle = handle.strip()
+        if handle.startswith("[") and handle.endswith("]"):
+            handle = handle[1:-1]
         by_id = [i for i, t in enumerate(turns) if t.role == "tool" and t.tool_call_id == handle]
         if by_id:
             return by_id[:1]
@@ -379,10 +467,16 @@ class ToolsMode(Mode):
         return CallOutcome("\n".join(lines))
 
     def _describe(self, turn: Turn, state: ToolsState) -> str:
+        """A message as status lists it: its visible handle, and a result's tool."""
+        handle = self._handle(turn, state)
+        return f"{handle} ({turn.name})" if turn.role == "tool" and turn.name else handle
+
+    def _handle(self, turn: Turn, state: ToolsState) -> str:
+        """The handle the model sees for ``turn``: a result's ``r<round>.<i>``, else its ``m`` handle (or the
+        call id of a result whose round is unknown)."""
         if turn.role == "tool" and turn.tool_call_id:
             where = state.shared.rounds.calls.get(turn.tool_call_id)
-            suffix = f" (r{where[0]}.{where[1]}, {turn.name})" if where else f" ({turn.name})"
-            return turn.tool_call_id + suffix
+            return f"r{where[0]}.{where[1]}" if where else turn.tool_call_id
         return message_handle(turn)
 
     def _pin(self, args: dict[str, Any], episode: Episode, state: ToolsState) -> CallOutcome:
@@ -459,7 +553,7 @@ class ToolsMode(Mode):
                 turn.name,
             )
             ids.append(body_id(turn.content))
-            lines.append(f"- {handle}: dropped, overflow id {ids[-1]}")
+            lines.append(f"- {handle}: dropped, overflow id {store.short(ids[-1])}")
         return self._finish(
             episode, state, "drop", args["handles"], turns, ids, lines, refusals, bool(targets)
         )
@@ -484,13 +578,14 @@ class ToolsMode(Mode):
             stubs = [store.stub(t.content, t.name, t.tool_call_id) for t in originals]
             ids = [body_id(t.content) for t in originals]
             first = originals[0]
-            where = first.tool_call_id or message_handle(first)
+            where = self._handle(first, state)
             block = preserved_block(extract_identifiers([t.content for t in originals]))
             note_text = "\n".join(x for x in (f"[note] {args['note']}", *stubs, block) if x)
             for k, ((handle, i), turn, stub) in enumerate(zip(accepted, originals, stubs)):
                 content = note_text if k == 0 else f"{stub} (summarised in the note at {where})"
                 turns[i] = Turn(turn.role, content, (), turn.tool_call_id, turn.name)
-                lines.append(f"- {handle}: {'holds the note' if k == 0 else 'stub'}, overflow id {ids[k]}")
+                what = "holds the note" if k == 0 else "stub"
+                lines.append(f"- {handle}: {what}, overflow id {store.short(ids[k])}")
         return self._finish(
             episode, state, "note", args["handles"], turns, ids, lines, refusals, bool(targets)
         )
@@ -511,8 +606,10 @@ class ToolsMode(Mode):
         ctx = episode.context
         before = ctx.tokens
         if ids:
+            announced = _holds_offer_note(ctx.turns)
             receipt = gated_replace(episode, turns, f"context_{op} of {len(ids)} item(s)")
             applied = receipt.applied
+            state.note_removed |= announced and not _holds_offer_note(ctx.turns)  # the model's own choice
         else:
             applied = False
             receipt = _refused_receipt(before, refusals, matched)
@@ -521,6 +618,11 @@ class ToolsMode(Mode):
         head += f", {len(refusals)} refused; {freed:,} tokens freed"
         self._event(state, op, applied, handles, freed, ids if applied else [])
         return CallOutcome("\n".join([head, *lines]), receipt, applied)
+
+
+def _holds_offer_note(turns: Sequence[Turn]) -> bool:
+    """True if a user turn holds the whole offer note (a fold summary quoting its first line does not)."""
+    return any(t.role == "user" and OFFER_NOTE in t.content for t in turns)
 
 
 def _refused_receipt(tokens: int, refusals: list[str], matched: bool) -> Receipt:
@@ -569,5 +671,7 @@ def user_asked(task: str) -> bool:
 
 
 def _preview(text: str, width: int = 80) -> str:
+    """The first non-empty line of ``text`` after its handle tag, cut to ``width``."""
+    text = RESULT_TAG_RE.sub("", text, count=1)
     line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
     return line if len(line) <= width else line[: width - 3] + "..."

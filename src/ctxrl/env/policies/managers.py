@@ -17,18 +17,25 @@ threshold explicitly instead (:class:`ctxrl.env.policies.ScriptedPolicy` does, t
 |---|---|---|
 | :func:`append` | ``append`` | never manages |
 | :func:`harness` | ``harness`` | never manages (the harness spills and folds); restates its facts in its own message every step, as the mode's skill asks |
-| :func:`tools` | ``tools`` | once offered, one ``context_status`` (no readout in this mode); past the threshold ``context_drop`` of every result of 300+ characters still in context, the facts in its own message (a ``context_note`` would carry a preserved-identifier block that costs more than it frees at small budgets) |
+| :func:`tools` | ``tools`` | once the context tools are offered (tool list or offer note): one ``context_status`` (no readout in this mode); past the threshold ``context_drop`` of every result of 300+ characters still in context, by the handle each shows (``[r<round>.<i>]``), the facts in its own message (a ``context_note`` would carry a preserved-identifier block that costs more than it frees at small budgets) |
 | :func:`usage` | ``usage`` | when the usage block shows or the readout passes the threshold: ``evict_file_view`` of every open file view by the path the prompt shows and ``archive_thread`` of the turns up to its previous reclaim; with no view open, ``archive_thread`` of every finished turn; the facts in its own message |
 | :func:`file` | ``file`` | rewrites the context file with one user note holding the facts (``cat > context.md <<'EOF'``) |
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 from typing import Protocol
 
-from ctxrl.env.policies.view import Call, Plan, View, facts_block, render_action, strip_turn_header
+from ctxrl.env.policies.view import (
+    Call,
+    Plan,
+    View,
+    facts_block,
+    render_action,
+    result_handle,
+    strip_turn_header,
+)
 from ctxrl.env.skills import DEFAULT_COMPACT_PERCENT, compact_percent
 
 THRESHOLD = DEFAULT_COMPACT_PERCENT / 100
@@ -55,11 +62,6 @@ def threshold(view: View) -> float:
     return THRESHOLD if percent is None else percent / 100
 
 
-def message_handle(role: str, text: str) -> str:
-    """The ``m<8 hex>`` handle tools mode gives a message: SHA-256 of ``"<role>\\n<content>"``, 8 hex digits."""
-    return "m" + hashlib.sha256(f"{role}\n{text}".encode()).hexdigest()[:8]
-
-
 def _past(view: View, limit: float | None) -> bool:
     return view.fill >= (threshold(view) if limit is None else limit)
 
@@ -81,9 +83,9 @@ def harness(view: View, plan: Plan, threshold: float | None = None) -> str:
 def tools(view: View, plan: Plan, threshold: float | None = None) -> str:
     """Once the context tools are offered: one ``context_status`` to read the usage (tools mode has no
     readout; later the reading is scaled by the growth of the text in view), then, past the threshold, one
-    ``context_drop`` of every result still in context, named by its ``m`` handle (computed from the text the
-    model sees), the facts written in this message (assistant messages are never dropped). Otherwise the
-    task action."""
+    ``context_drop`` of every result still in context, each named by the handle its first line shows
+    (``[r<round>.<i>]``), the facts written in this message (assistant messages are never dropped). Otherwise
+    the task action."""
     if "context_drop" not in view.tools:
         return render_action(plan.calls)
     if view.tokens is None and not view.last_action_edited() and "context_status" not in view.last_calls():
@@ -91,10 +93,13 @@ def tools(view: View, plan: Plan, threshold: float | None = None) -> str:
     if _due(view, threshold):
         reading = max((i for i, item in enumerate(view.items) if item.name == "context_status"), default=-1)
         handles = [
-            message_handle("tool", item.text)
+            handle
             for i, item in enumerate(view.items)
-            if item.role == "tool" and not item.is_stub and len(item.text) >= DROP_MIN_CHARS and i != reading
-        ][-64:]  # the latest context_status result stays: later fills are scaled from it
+            if item.role == "tool"
+            and len(item.text) >= DROP_MIN_CHARS
+            and i != reading  # the latest context_status result stays: later fills are scaled from it
+            and (handle := result_handle(item.text))
+        ][-64:]
         if handles:
             return render_action([Call("context_drop", {"handles": handles})], prose=facts_block(plan.facts))
     return render_action(plan.calls)

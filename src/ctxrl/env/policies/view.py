@@ -2,7 +2,8 @@
 
 :func:`read_view` turns ``(messages, tools)`` into a :class:`View`: the system prompt (with the skill), the task
 text, the editable region as :class:`Item` s in order, the usage block of the signal slot, the latest budget readout and the offered tool
-names. Nothing else reaches a policy, so whatever a policy knows is in its context; if a manager drops a value
+names (those of the tool list, and the context tools an offer note in the region announces: tools mode
+offers them mid-episode by a note, not in the tool list). Nothing else reaches a policy, so whatever a policy knows is in its context; if a manager drops a value
 from the context, the policy has lost it.
 
 Actions go back as text in the chat-template tool-call format (:func:`render_action`), the same text a model
@@ -19,6 +20,7 @@ from typing import Any
 
 from ctxrl.env.actions import parse_tool_calls
 from ctxrl.env.modes import EDIT_TOOLS
+from ctxrl.env.modes.tools import RESULT_TAG_RE, announced_tools
 
 READOUT_RE = re.compile(r"\[context: (\d+)/(\d+) tokens \(\d+% of the limit\)\]")
 STATUS_RE = re.compile(r"\[context_status\] ([\d,]+) / ([\d,]+) tokens")
@@ -187,7 +189,9 @@ def read_view(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str
             tokens, limit = (int(x.replace(",", "")) for x in status[-1])
             measured = index + 1  # made a character count below, once the system prompt is known
             break
-    names = frozenset(str(t.get("function", t).get("name") or "") for t in tools)
+    names = frozenset(str(t.get("function", t).get("name") or "") for t in tools).union(
+        *(announced_tools(item.text) for item in items if item.role == "user")
+    )
     descriptions = " ".join(str(t.get("function", t).get("description") or "") for t in tools)
     named = _CONTEXT_FILE.search(descriptions)
     context_file = named.group(1) if named else "context.md"
@@ -284,5 +288,12 @@ _TURN_HEADER = re.compile(r"\ATurn #\d+\n[\d,]+ tokens\n----\n")
 
 
 def strip_turn_header(text: str) -> str:
-    """A tool result's text without the ``Turn #r`` header usage mode puts on it."""
-    return _TURN_HEADER.sub("", text, count=1)
+    """A tool result's text without the header its mode puts on it: usage mode's ``Turn #r`` block, or tools
+    mode's handle tag ``[r<round>.<i>]``."""
+    return RESULT_TAG_RE.sub("", _TURN_HEADER.sub("", text, count=1), count=1)
+
+
+def result_handle(text: str) -> str | None:
+    """The handle tools mode shows on the first line of a tool result (``r3.1`` of ``[r3.1]``), else None."""
+    match = RESULT_TAG_RE.match(text)
+    return match.group(1) if match else None

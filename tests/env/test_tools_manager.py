@@ -1,0 +1,47 @@
+"""The scripted tools-manager on a real task: it acts on the prompt text alone, every handle it passes is shown
+in that text, the mid-episode offer never rebuilds the prompt, and ``research`` (which the context tools'
+schemas and 64-digit stub ids used to crowd out) is solved."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ctxrl.env.actions import parse_tool_calls
+from ctxrl.env.episode import PromptBuilder, TaskEpisode
+from ctxrl.env.modes.tools import OFFER_HEADER
+from ctxrl.env.policies import make_policy
+from ctxrl.env.tasks.registry import make_task
+
+SEED = 110_000
+
+
+def test_the_tools_manager_solves_research_with_handles_it_can_see(
+    tiny_tokenizer: Any, tmp_path: Path
+) -> None:
+    builder = PromptBuilder(tiny_tokenizer)
+    episode = TaskEpisode(
+        make_task("research", SEED, split="test"), "tools", builder, workspace=tmp_path / "ws"
+    )
+    episode.reset()
+    policy = make_policy("tools-manager")
+    drops, reasons = 0, []
+    try:
+        while not episode.done:
+            prompt = builder.decode(episode.prompt_ids)  # exactly what a model is given, nothing else
+            text = policy(prompt)
+            for call in parse_tool_calls(text)[1]:
+                if call.name.startswith("context_"):
+                    drops += 1
+                    assert OFFER_HEADER in prompt  # offered by the note the prompt shows
+                    for handle in json.loads(call.arguments)["handles"]:
+                        assert f"[{handle}]\n" in prompt, handle  # the result's own first line
+            episode.step(builder.action_ids(text))
+            reasons.append(episode.rebuild_reason)  # why the next prompt was rebuilt, if it was
+        verdict = episode.finish()
+    finally:
+        episode.teardown()
+    assert drops >= 3 and verdict.success
+    assert "history" not in reasons  # the offer appended a note; it did not rewrite the prompt's history
+    assert "context_drop" not in [t["function"]["name"] for t in episode.tools]  # nor the tool list
