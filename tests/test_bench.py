@@ -119,8 +119,13 @@ def test_bench_all_quick_runs_every_bench_into_one_json_table_and_readme(tmp_pat
         assert rollout["hf_preload_speedup"] == pytest.approx(
             rollout["hf_tokens_per_s"] / rollout["hf_tokens_per_s_no_preload"]
         )
-        assert "rollout bench, without the preload" in done.stdout
-        assert "rollout bench, with the preload" in done.stdout
+        for engine in ("vllm", "hf"):  # each engine's runs, in this order, each with its figure
+            without = f"rollout bench: {engine}, without the preload: "
+            assert f"{without}{rollout[f'{engine}_tokens_per_s_no_preload']:.1f} tokens/s" in done.stdout
+            assert (
+                f"rollout bench: {engine}, with the preload: {rollout[f'{engine}_tokens_per_s']:.1f}"
+                in done.stdout
+            )
     else:
         assert set(rollout) == ROLLOUT_KEYS and "measured without" in done.stdout
     assert rollout["vllm_vs_hf_ratio"] == pytest.approx(

@@ -36,11 +36,12 @@ per task, file mode, a harness budget of 16k tokens (so nothing is rolled back),
 ``NEW_TOKENS`` tokens long (``ignore_eos``), so both engines run episodes of the same lengths. Each step
 appends the action and the harness's note and readout (~170 tokens), so over ``STEPS`` steps every
 context grows from ~1.2k to past 4k tokens: the regime where re-reading the prompt dominates and vLLM's
-prefix cache pays. The same rollout loop runs both engines (transformers first, then vLLM, each on the
-same tasks and batch). The workload runs in a child process of its own, twice: without and then with
-``libtcmalloc_minimal`` and ``libiomp5.so`` preloaded (vLLM's CPU set-up, :mod:`ctxrl.commands.preload`; a
-preload acts only from a process's start), and each child reports from ``/proc/self/maps`` that it had
-(or had not) those libraries loaded. Without the libraries only the first run happens.
+prefix cache pays. The same rollout loop runs both engines (vLLM first, then transformers, each on the
+same tasks and batch). Each engine's workload runs in a child process of its own, twice in a row: without
+and then with ``libtcmalloc_minimal`` and ``libiomp5.so`` preloaded (vLLM's CPU set-up,
+:mod:`ctxrl.commands.preload`; a preload acts only from a process's start), and each child reports from
+``/proc/self/maps`` that it had (or had not) those libraries loaded. Without the libraries only the runs
+without happen.
 
 Metrics:
 
@@ -77,7 +78,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ctxrl.env.config import HarnessConfig
 from ctxrl.env.context import ChatTemplateCounter, ToolCall, Turn
@@ -255,66 +256,86 @@ QUICK_NEW_TOKENS = 16
 QUICK_STEPS = 3
 
 
+ENGINES = ("vllm", "hf")
+
+
 def bench_rollout(args: argparse.Namespace) -> dict[str, float]:
-    """Measure the workload in a child process without the preload, then (when the libraries exist) in one
-    with it; return the preloaded run's four metrics plus the comparison (see the module docstring)."""
+    """Measure the workload once per engine and preload setting, each in a child process of its own (see
+    the module docstring); return the metrics (the preloaded runs' when the libraries exist)."""
     from ctxrl.commands.preload import find_libraries, with_preload, without_preload
 
     quick = bool(args.quick)
     libraries = find_libraries()
-    plain = _rollout_child(quick, without_preload(os.environ), [])
-    if not libraries:
+    expected = [name for name in ("libtcmalloc", "libiomp5") if any(name in p.name for p in libraries)]
+    if libraries:
+        print(f"preload: {', '.join(str(p) for p in libraries)}")
+    else:
         print(
             "preload: neither libtcmalloc_minimal nor libiomp5.so found (scripts/setup.sh installs them); "
             "measured without"
         )
-        return plain
-    expected = [name for name in ("libtcmalloc", "libiomp5") if any(name in p.name for p in libraries)]
-    preloaded = _rollout_child(quick, with_preload(os.environ, libraries), expected)
-    print(f"preload: {', '.join(str(p) for p in libraries)}")
-    return {
-        **preloaded,
-        "vllm_tokens_per_s_no_preload": plain["vllm_tokens_per_s"],
-        "hf_tokens_per_s_no_preload": plain["hf_tokens_per_s"],
-        "vllm_preload_speedup": preloaded["vllm_tokens_per_s"] / plain["vllm_tokens_per_s"],
-        "hf_preload_speedup": preloaded["hf_tokens_per_s"] / plain["hf_tokens_per_s"],
+    plain: dict[str, dict[str, float]] = {}
+    preloaded: dict[str, dict[str, float]] = {}
+    # each engine's two runs back to back: a shared machine's load drifts less between them
+    for engine in ENGINES:
+        plain[engine] = _rollout_child(engine, quick, without_preload(os.environ), [])
+        if libraries:
+            preloaded[engine] = _rollout_child(engine, quick, with_preload(os.environ, libraries), expected)
+    main = preloaded or plain
+    vllm, hf = main["vllm"]["tokens_per_s"], main["hf"]["tokens_per_s"]
+    metrics = {
+        "vllm_tokens_per_s": vllm,
+        "hf_tokens_per_s": hf,
+        "vllm_vs_hf_ratio": vllm / hf if hf > 0 else 0.0,
+        "env_steps_per_s": main["vllm"]["env_steps_per_s"],
     }
+    if preloaded:
+        for engine in ENGINES:
+            metrics[f"{engine}_tokens_per_s_no_preload"] = plain[engine]["tokens_per_s"]
+        for engine in ENGINES:
+            metrics[f"{engine}_preload_speedup"] = (
+                preloaded[engine]["tokens_per_s"] / plain[engine]["tokens_per_s"]
+            )
+    return metrics
 
 
-def _rollout_child(quick: bool, env: dict[str, str], expected: list[str]) -> dict[str, float]:
-    """Run :func:`measure_rollout` in a fresh process with ``env`` (preloads act only from a process's
-    start); check that it mapped the ``expected`` libraries; return its metrics."""
+def _rollout_child(engine: str, quick: bool, env: dict[str, str], expected: list[str]) -> dict[str, float]:
+    """Run :func:`measure_rollout` for ``engine`` in a fresh process with ``env`` (a preload acts only from
+    a process's start); check that it mapped the ``expected`` libraries; print and return its figures."""
     import ctxrl
 
-    label = "with the preload" if expected else "without the preload"
-    print(f"rollout bench, {label}", flush=True)
+    label = f"{engine}, {'with' if expected else 'without'} the preload"
+    print(f"rollout bench: {label}", flush=True)
     # the child imports this ctxrl, whatever the parent's sys.path was made of
     src = str(Path(ctxrl.__file__).resolve().parents[1])
     env = {**env, "PYTHONPATH": os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)}
     with tempfile.TemporaryDirectory(prefix="ctxrl-bench-child-") as tmp:
         out = Path(tmp) / "rollout.json"
-        command = [sys.executable, "-m", "ctxrl.commands.bench", "--out", str(out)]
+        command = [sys.executable, "-m", "ctxrl.commands.bench", "--engine", engine, "--out", str(out)]
         done = subprocess.run([*command, *(["--quick"] if quick else [])], env=env, check=False)
         if done.returncode != 0 or not out.is_file():
-            raise BenchError(f"the rollout measurement {label} failed (exit status {done.returncode})")
+            raise BenchError(f"the rollout measurement ({label}) failed (exit status {done.returncode})")
         data = json.loads(out.read_text(encoding="utf-8"))
     missing = [name for name in expected if name not in data["loaded"]]
     if missing:
-        raise BenchError(f"the rollout measurement {label} did not load {', '.join(missing)}")
+        raise BenchError(f"the rollout measurement ({label}) did not load {', '.join(missing)}")
     if not expected and data["loaded"]:
-        raise BenchError(f"the rollout measurement {label} had {', '.join(data['loaded'])} loaded")
-    metrics: dict[str, float] = data["metrics"]
-    return metrics
+        raise BenchError(f"the rollout measurement ({label}) had {', '.join(data['loaded'])} loaded")
+    figures: dict[str, float] = data["figures"]
+    print(f"rollout bench: {label}: {figures['tokens_per_s']:.1f} tokens/s", flush=True)
+    return figures
 
 
-def measure_rollout(quick: bool) -> dict[str, float]:
-    """Run the workload with the ``hf`` then the ``vllm`` engine in this process; return the four metrics."""
+def measure_rollout(engine_name: str, quick: bool) -> dict[str, float]:
+    """Run the workload with one engine (``hf`` or ``vllm``) in this process; return ``tokens_per_s``
+    (generated tokens per second inside ``generate``), ``env_steps_per_s`` (whole rollout) and
+    ``longest_prompt`` (tokens)."""
     from tqdm import tqdm
 
     from ctxrl.env.tasks.registry import make_task
     from ctxrl.env.tokenizer import load_tokenizer_dir
     from ctxrl.train.engines import EngineConfig, SamplingConfig, make_engine
-    from ctxrl.train.rollout import RolloutConfig, RolloutResult, rollout
+    from ctxrl.train.rollout import RolloutConfig, rollout
     from ctxrl.train.tiny_model import build_tiny_model
 
     steps, new_tokens = (QUICK_STEPS, QUICK_NEW_TOKENS) if quick else (STEPS, NEW_TOKENS)
@@ -322,39 +343,36 @@ def measure_rollout(quick: bool) -> dict[str, float]:
     config = RolloutConfig(group_size=1 if quick else 2, mode="file", task_budget=False)
     sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=new_tokens, ignore_eos=True)
     harness = HarnessConfig(budget=8192 if quick else 16384, reserve=1024, max_steps=steps)
-    results: dict[str, RolloutResult] = {}
     with tempfile.TemporaryDirectory(prefix="ctxrl-bench-rollout-") as tmp:
         model_dir = build_tiny_model(Path(tmp) / "model", seed=0)
         tokenizer = load_tokenizer_dir(model_dir)
-        for name in ("hf", "vllm"):
-            engine = make_engine(EngineConfig(name=name, max_model_len=8192), model_dir)
-            bar = tqdm(total=steps * len(tasks) * config.group_size, desc=f"{name} env steps", unit="step")
-            try:
-                results[name] = rollout(
-                    engine,
-                    tokenizer,
-                    tasks,
-                    config,
-                    workdir=Path(tmp) / name,
-                    on_step=_advance(bar),
-                    harness=harness,
-                    sampling=sampling,
-                )
-            finally:
-                bar.close()
-                engine.close()
-    for name, result in results.items():
-        longest = max(len(s.prompt_ids) for ep in result.episodes for s in ep.steps)
-        if longest < MIN_CONTEXT and not quick:
-            raise BenchError(
-                f"{name}: contexts reached only {longest} tokens, not the {MIN_CONTEXT} measured"
+        name: Literal["hf", "vllm"] = "hf" if engine_name == "hf" else "vllm"
+        engine = make_engine(EngineConfig(name=name, max_model_len=8192), model_dir)
+        total = steps * len(tasks) * config.group_size
+        bar = tqdm(total=total, desc=f"{engine_name} env steps", unit="step")
+        try:
+            result = rollout(
+                engine,
+                tokenizer,
+                tasks,
+                config,
+                workdir=Path(tmp) / engine_name,
+                on_step=_advance(bar),
+                harness=harness,
+                sampling=sampling,
             )
-    vllm, hf = results["vllm"].stats, results["hf"].stats
+        finally:
+            bar.close()
+            engine.close()
+    longest = max(len(s.prompt_ids) for ep in result.episodes for s in ep.steps)
+    if longest < MIN_CONTEXT and not quick:
+        raise BenchError(
+            f"{engine_name}: contexts reached only {longest} tokens, not the {MIN_CONTEXT} measured"
+        )
     return {
-        "vllm_tokens_per_s": vllm.tokens_per_s,
-        "hf_tokens_per_s": hf.tokens_per_s,
-        "vllm_vs_hf_ratio": vllm.tokens_per_s / hf.tokens_per_s if hf.tokens_per_s > 0 else 0.0,
-        "env_steps_per_s": vllm.env_steps_per_s,
+        "tokens_per_s": result.stats.tokens_per_s,
+        "env_steps_per_s": result.stats.env_steps_per_s,
+        "longest_prompt": float(longest),
     }
 
 
@@ -534,22 +552,23 @@ def _load_report(path: Path) -> dict[str, Any]:
 
 
 def _child_main(argv: list[str]) -> int:
-    """``python -m ctxrl.commands.bench --out FILE [--quick]``: the rollout measurement of one process (the
-    rollout bench runs it once without and once with the preload); writes its metrics and which preload
-    libraries the process had mapped."""
+    """``python -m ctxrl.commands.bench --engine hf|vllm --out FILE [--quick]``: the rollout measurement of
+    one engine in one process (the rollout bench runs it without and with the preload); writes its figures
+    and which preload libraries the process had mapped."""
     from ctxrl.commands.preload import loaded_libraries
     from ctxrl.errors import CtxrlError
 
     parser = argparse.ArgumentParser(prog="python -m ctxrl.commands.bench")
+    parser.add_argument("--engine", choices=ENGINES, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
     try:
-        metrics = measure_rollout(args.quick)
+        figures = measure_rollout(args.engine, args.quick)
     except CtxrlError as exc:
         print(f"ctxrl bench rollout: error: {exc}", file=sys.stderr)
         return 1
-    args.out.write_text(json.dumps({"metrics": metrics, "loaded": loaded_libraries()}), encoding="utf-8")
+    args.out.write_text(json.dumps({"figures": figures, "loaded": loaded_libraries()}), encoding="utf-8")
     return 0
 
 
