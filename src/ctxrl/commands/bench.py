@@ -503,7 +503,7 @@ def markdown_table(report: dict[str, Any]) -> str:
     preload = ", ".join(m["preload"]) or "nothing"
     lines = [
         f"Measured {report['date']} by `ctxrl bench all{' --quick' if report['quick'] else ''}` "
-        f"({report['seconds']:.0f} s) on {m['cpu']}, {m['cores']} cores{memory}; {versions}; "
+        f"({report['seconds']:.0f} s) on {m['cpu']}, {m['cores']} cores{memory}; {versions or 'no engines'}; "
         f"preload: {preload}; load average {before:.1f} before, {after:.1f} after."
         + (" `--quick` figures say the paths work, not how fast they are." if report["quick"] else ""),
         "",
