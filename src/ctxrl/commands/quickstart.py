@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, TextIO
@@ -100,21 +101,52 @@ def advantage_report(trajectories: Path) -> list[str]:
 
 
 class _Story:
-    """One line per stage on the terminal (``stream``), with the stage's wall time."""
+    """One line per stage on ``stream`` with the stage's wall time and, when ``stream`` is a terminal (a
+    TTY), a progress bar of the stages below the lines, its clock ticking while a stage runs. Call
+    :meth:`close` at the end."""
 
     def __init__(self, stream: TextIO) -> None:
+        from tqdm import tqdm
+
         self.stream = stream
         self.t0 = time.perf_counter()
         self.stage = 0
         self.started = self.t0
+        self.bar = tqdm(
+            total=STAGES,
+            file=stream,
+            disable=None,  # no bar where the output is not a terminal (a log, a test's capture)
+            leave=False,
+            bar_format="{n}/{total} stages |{bar}| {elapsed}",
+        )
+        self._stop = threading.Event()
+        self._ticker = threading.Thread(target=self._tick, daemon=True)
+        if not self.bar.disable:
+            self._ticker.start()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(1.0):
+            self.bar.refresh()
+
+    def _line(self, text: str) -> None:
+        self.bar.write(text, file=self.stream)  # above the bar, which is drawn again below
+        self.stream.flush()
 
     def begin(self, text: str) -> None:
         self.stage += 1
         self.started = time.perf_counter()
-        print(f"[{self.stage}/{STAGES}] {text}", file=self.stream, flush=True)
+        self._line(f"[{self.stage}/{STAGES}] {text}")
 
     def end(self, text: str) -> None:
-        print(f"      {text} ({time.perf_counter() - self.started:.0f} s)", file=self.stream, flush=True)
+        self._line(f"      {text} ({time.perf_counter() - self.started:.0f} s)")
+        self.bar.update(1)
+        self.bar.refresh()  # now, not at the next tick
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._ticker.is_alive():
+            self._ticker.join()
+        self.bar.close()
 
 
 def run_quickstart(args: argparse.Namespace) -> int:
@@ -128,11 +160,12 @@ def run_quickstart(args: argparse.Namespace) -> int:
     from ctxrl.train.report import write_report
 
     out: Path = prepare_out(args.out, overwrite=args.overwrite)
-    story = _Story(sys.stdout)
     train_overrides = [*TRAIN, *args.overrides]
     train_config = load_run_config(None, train_overrides)  # a bad override fails before any stage runs
+    story = _Story(sys.stdout)
     # the stages' own summaries and the libraries' output go to the log; the terminal gets the story
     with (
+        contextlib.closing(story),
         library_logs_to(out / "logs.txt"),
         (out / "logs.txt").open("a", encoding="utf-8") as log,
         contextlib.redirect_stdout(log),
