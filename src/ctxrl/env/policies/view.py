@@ -80,8 +80,10 @@ class View:
     """The context file file mode mirrors the region to (named in the ``shell`` tool's description)."""
     system: str = ""
     """The system prompt (base instructions and the skill), without the tool list."""
+    tools_chars: int = 0
+    """Characters of the tool list as JSON (a fixed part of every prompt)."""
     measured_chars: int | None = None
-    """Where ``tokens`` came from a ``context_status`` result: the characters of the prompt (system, task
+    """Where ``tokens`` came from a ``context_status`` result: the characters of the prompt (tools, system, task
     and region) up to it. The prompt has changed since; :attr:`fill` scales the reading by its length."""
 
     @property
@@ -95,8 +97,9 @@ class View:
         return self.tokens / self.limit
 
     def prompt_chars(self, end: int | None = None) -> int:
-        """Characters of the system prompt, the task and the region's texts (``items[:end]``)."""
-        return len(self.system) + len(self.task) + sum(len(i.text) for i in self.items[:end])
+        """Characters of the tool list, the system prompt, the task and the region's texts (``items[:end]``)."""
+        fixed = self.tools_chars + len(self.system) + len(self.task)
+        return fixed + sum(len(i.text) for i in self.items[:end])
 
     def last_calls(self) -> tuple[str, ...]:
         """Names of the latest assistant message's tool calls."""
@@ -196,7 +199,9 @@ def read_view(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str
     named = _CONTEXT_FILE.search(descriptions)
     context_file = named.group(1) if named else "context.md"
     system = str(messages[0].get("content") or "")
-    view = View(task, tuple(items), names, signal, tokens, limit, context_file, system)
+    view = View(
+        task, tuple(items), names, signal, tokens, limit, context_file, system, len(json.dumps(tools))
+    )
     return view if measured is None else replace(view, measured_chars=view.prompt_chars(measured))
 
 
