@@ -58,6 +58,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ctxrl.commands.bench_train import bench_train
 from ctxrl.env.config import HarnessConfig
 from ctxrl.env.context import ChatTemplateCounter, ToolCall, Turn
 from ctxrl.env.ctxfile import parse_context, render_context
@@ -299,6 +300,7 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], dict[str, float]]] = {
     "harness": bench_harness,
     "env": bench_env,
     "rollout": bench_rollout,
+    "train": bench_train,
 }
 
 

@@ -2,13 +2,15 @@
 
     ctxrl bench train [--quick] [--json FILE]
 
-Everything runs on the tiny model (built into a temporary folder), fp32, on the CPU threads torch picks, with
-synthetic token ids: what is measured is the update, not generation, so no engine runs. Times are medians over
-``repeats`` (2) after one warm-up step, and the two sides of each ratio run alternately so a busy machine slows both.
+Everything runs on the tiny model (built into a temporary folder), fp32, on one CPU thread (on a shared,
+loaded machine two OpenMP threads stall each other at every barrier; one thread gives both sides of a ratio
+the same compute), with synthetic token ids: what is measured is the update, not generation, so no engine
+runs. Times are medians over ``repeats`` (2); the two sides of each ratio run alternately so a busy machine
+slows both, and the TRL comparison runs one warm-up round first (TRL initialises lazily).
 
 **Tokens: packed rows vs one row per step.** Two synthetic 16-step *append-heavy* episodes (one group)
-(:func:`append_heavy_episode`): a 256-token pinned prompt, every step generates 32 tokens and appends a
-64-token observation; 2 of the 16 steps are edits, after which the harness rebuilds the prompt with the
+(:func:`append_heavy_episode`): a 128-token pinned prompt, every step generates 16 tokens and appends a
+32-token observation; 2 of the 16 steps are edits, after which the harness rebuilds the prompt with the
 oldest half of the editable region gone (the next step starts a new row). The rows come from the trainer's
 own code (:func:`ctxrl.train.rows.episode_rows`); the naive layout is the same episodes with every step
 marked as rebuilt, which the same code turns into one row per step.
@@ -77,9 +79,9 @@ class Sizes:
 
 FULL = Sizes(
     steps=16,
-    first_prompt=256,
-    generated=32,
-    observation=64,
+    first_prompt=128,
+    generated=16,
+    observation=32,
     edit_steps=(5, 10),
     episodes=2,
     groups=2,
@@ -311,7 +313,7 @@ def trl_trainer(model_dir: Path, tokenizer: Any, batch: ParityBatch, *, scale_re
             out["group"].append(g)
         return out
 
-    def reward(completion_ids: list[list[int]], group: list[int], **_: Any) -> list[float]:
+    def reward(completion_ids: list[list[int]], group: list[int], **_: Any) -> list[float | None]:
         return [reward_of[(g, tuple(ids))] for g, ids in zip(group, completion_ids)]
 
     group_size = len(batch.completions[0])
@@ -347,7 +349,8 @@ def trl_trainer(model_dir: Path, tokenizer: Any, batch: ParityBatch, *, scale_re
         rollout_func=rollout_func,
     )
     trainer.current_gradient_accumulation_steps = 1
-    trainer.model.train()
+    model: Any = trainer.model
+    model.train()
     return trainer
 
 
@@ -408,14 +411,14 @@ def _optimizer_step(model: Any, optimizer: Any) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
-def _alternate(fns: Sequence[Callable[[], None]], repeats: int) -> list[float]:
-    """Median seconds of each of ``fns``, run in turn (one warm-up round, then ``repeats`` timed rounds)."""
+def _alternate(fns: Sequence[Callable[[], None]], repeats: int, *, warmup: int = 0) -> list[float]:
+    """Median seconds of each of ``fns``, run in turn (``warmup`` untimed rounds, then ``repeats`` timed)."""
     times: list[list[float]] = [[] for _ in fns]
-    for r in range(repeats + 1):
+    for r in range(warmup + repeats):
         for i, fn in enumerate(fns):
             start = time.perf_counter()
             fn()
-            if r > 0:
+            if r >= warmup:
                 times[i].append(time.perf_counter() - start)
     return [statistics.median(t) for t in times]
 
@@ -523,7 +526,9 @@ def _ctxrl_vs_trl(model_dir: Path, tokenizer: Any, sizes: Sizes, tmp: Path) -> d
 
         return run
 
-    ctxrl_s, padded_s, trl_s = _alternate([ctxrl_step(packed), ctxrl_step(False), trl_step], sizes.repeats)
+    ctxrl_s, padded_s, trl_s = _alternate(
+        [ctxrl_step(packed), ctxrl_step(False), trl_step], sizes.repeats, warmup=1
+    )
     return {
         "ctxrl_vs_trl_step_time": ctxrl_s / trl_s,
         "ctxrl_padded_vs_trl_step_time": padded_s / trl_s,
@@ -535,14 +540,21 @@ def _ctxrl_vs_trl(model_dir: Path, tokenizer: Any, sizes: Sizes, tmp: Path) -> d
 
 def bench_train(args: argparse.Namespace) -> dict[str, float]:
     """``ctxrl bench train``: the metrics of the module docstring."""
+    import torch
+
     from ctxrl.env.tokenizer import load_tokenizer_dir
     from ctxrl.train.tiny_model import build_tiny_model
 
     sizes = QUICK if getattr(args, "quick", False) else FULL
-    with tempfile.TemporaryDirectory(prefix="ctxrl-bench-train-") as name:
-        tmp = Path(name)
-        model_dir = build_tiny_model(tmp / "model", seed=0)
-        tokenizer = load_tokenizer_dir(model_dir)
-        metrics = _packed_vs_naive(model_dir, tokenizer, sizes)
-        metrics.update(_ctxrl_vs_trl(model_dir, tokenizer, sizes, tmp))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with tempfile.TemporaryDirectory(prefix="ctxrl-bench-train-") as name:
+            tmp = Path(name)
+            model_dir = build_tiny_model(tmp / "model", seed=0)
+            tokenizer = load_tokenizer_dir(model_dir)
+            metrics = _packed_vs_naive(model_dir, tokenizer, sizes)
+            metrics.update(_ctxrl_vs_trl(model_dir, tokenizer, sizes, tmp))
+    finally:
+        torch.set_num_threads(threads)  # the caller's setting (the test suite runs benches in-process)
     return metrics
