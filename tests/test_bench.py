@@ -278,3 +278,35 @@ def test_reexec_loads_the_libraries_in_a_real_process(tmp_path: Path) -> None:
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.splitlines() == ["run -", "loaded "]
+
+
+def test_bench_train_quick(tmp_path: Path) -> None:
+    out = tmp_path / "train.json"
+    assert main(["bench", "train", "--quick", "--json", str(out)]) == 0
+    figures = _figures(out)
+    assert set(figures) == {
+        "packed_vs_naive_tokens",
+        "packed_tokens_per_episode",
+        "naive_tokens_per_episode",
+        "ctxrl_vs_naive_step_time",
+        "packed_step_s",
+        "naive_step_s",
+        "ctxrl_vs_trl_step_time",
+        "ctxrl_padded_vs_trl_step_time",
+        "ctxrl_step_s",
+        "ctxrl_padded_step_s",
+        "trl_step_s",
+    }
+    # --quick episodes: a 64-id prompt, 4 steps of 8 generated + 16 observed ids, an edit at step 1 that halves
+    # the editable region. Rows: steps 0-1 (prompt 88 + 8) and steps 2-3 (prompt 112 + 8) = 216 ids;
+    # one row per step: 72 + 96 + 96 + 120 = 384.
+    assert figures["packed_tokens_per_episode"] == 216
+    assert figures["naive_tokens_per_episode"] == 384
+    assert figures["packed_vs_naive_tokens"] == pytest.approx(216 / 384)
+    assert figures["ctxrl_vs_naive_step_time"] == pytest.approx(
+        figures["packed_step_s"] / figures["naive_step_s"]
+    )
+    assert figures["ctxrl_vs_trl_step_time"] == pytest.approx(figures["ctxrl_step_s"] / figures["trl_step_s"])
+    assert figures["ctxrl_padded_vs_trl_step_time"] == pytest.approx(
+        figures["ctxrl_padded_step_s"] / figures["trl_step_s"]
+    )

@@ -32,6 +32,7 @@ BENCHMARKS: dict[str, str] = {
     "harness": "per-step harness overhead and sandbox overhead",
     "env": "episodes per second of the rollout loop with the scripted policies",
     "rollout": "rollout throughput of the vllm and hf engines on multi-turn episodes past 4k tokens",
+    "train": "training cost: packed rows vs one row per step, and one update vs TRL's GRPOTrainer",
 }
 
 

@@ -80,6 +80,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from ctxrl.commands.bench_train import bench_train
 from ctxrl.env.config import HarnessConfig
 from ctxrl.env.context import ChatTemplateCounter, ToolCall, Turn
 from ctxrl.env.ctxfile import parse_context, render_context
@@ -389,6 +390,7 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], dict[str, float]]] = {
     "harness": bench_harness,
     "env": bench_env,
     "rollout": bench_rollout,
+    "train": bench_train,
 }
 
 

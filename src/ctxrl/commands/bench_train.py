@@ -1,0 +1,560 @@
+"""``ctxrl bench train``: what packed rows save, and how one ctxrl update compares with TRL's.
+
+    ctxrl bench train [--quick] [--json FILE]
+
+Everything runs on the tiny model (built into a temporary folder), fp32, on one CPU thread (on a shared,
+loaded machine two OpenMP threads stall each other at every barrier; one thread gives both sides of a ratio
+the same compute), with synthetic token ids: what is measured is the update, not generation, so no engine
+runs. Times are medians over ``repeats`` (2); the two sides of each ratio run alternately so a busy machine
+slows both, and the TRL comparison runs one warm-up round first (TRL initialises lazily).
+
+**Tokens: packed rows vs one row per step.** Two synthetic 16-step *append-heavy* episodes (one group)
+(:func:`append_heavy_episode`): a 128-token pinned prompt, every step generates 16 tokens and appends a
+32-token observation; 2 of the 16 steps are edits, after which the harness rebuilds the prompt with the
+oldest half of the editable region gone (the next step starts a new row). The rows come from the trainer's
+own code (:func:`ctxrl.train.rows.episode_rows`); the naive layout is the same episodes with every step
+marked as rebuilt, which the same code turns into one row per step.
+
+- ``packed_vs_naive_tokens``: tokens through the model per episode, packed rows / one row per step (goal
+  <= 0.35); ``packed_tokens_per_episode`` and ``naive_tokens_per_episode`` are the two counts.
+- ``ctxrl_vs_naive_step_time``: seconds of one optimiser step (forward and backward over every microbatch,
+  gradient clipping, AdamW) on the packed rows / on the naive rows, both packed into microbatches of the
+  trainer's default 8,192 tokens (goal <= 0.35); ``packed_step_s`` and ``naive_step_s`` are the two times.
+
+**ctxrl vs TRL on TRL's own case** (the parity batch, :func:`parity_batch`): single-step episodes with no
+edits, 2 prompts of 64-256 tokens x 4 completions of 16-64 tokens, graded rewards. TRL's step is
+``GRPOTrainer.training_step`` (its generation replaced by a ``rollout_func`` that returns the batch's ids, then
+its rewards, group advantages, padded forward with its fused log-prob head, DAPO loss and backward) followed
+by gradient clipping and AdamW; ctxrl's step is credit assignment, rows, microbatches, forward, loss and
+backward as :func:`ctxrl.train.grpo.train` runs them, then the same clipping and AdamW. Settings that make
+the two compute the same loss (checked to 1e-5 by ``tests/train/test_trl_parity.py``): TRL ``loss_type="dapo"``,
+``beta=0``, ``epsilon=0.2``, ``epsilon_high=0.28``, ``importance_sampling_level="token"``, ``num_iterations=1``,
+``bf16=False`` (TRL's default ``bf16=True`` autocasts its log-prob head to bfloat16 even on CPU); ctxrl
+``w_eff=0``, ``tis_cap=None`` (TRL corrects for the engine only with vLLM), and ``scale_rewards="none"`` with
+``scale_by_std=False``, because the two divide by different stds: TRL by the sample std + 1e-4, ctxrl by the
+population std + ``eps`` (1e-6).
+
+- ``ctxrl_vs_trl_step_time``: ctxrl's step / TRL's, with the layout the trainer picks by default
+  (``packing: auto``, i.e. packed rows for this model) (goal <= 1.0); ``ctxrl_step_s``, ``trl_step_s``.
+- ``ctxrl_padded_vs_trl_step_time``: the same with ``packing: padded``.
+
+``--quick`` is a smoke run of the same code on small sizes (4-step episodes, short prompts, one repeat); its
+ratios say the path works, not what it saves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ctxrl.train.trajectory import EpisodeRecord, StepCost, StepRecord
+
+MAX_TOKENS = 8192
+"""Tokens per microbatch: ``TrainConfig.max_tokens_per_microbatch``'s default."""
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The workload of one run of the benchmark."""
+
+    steps: int
+    first_prompt: int
+    generated: int
+    observation: int
+    edit_steps: tuple[int, ...]
+    episodes: int
+    groups: int
+    group_size: int
+    prompt_tokens: tuple[int, int]
+    completion_tokens: tuple[int, int]
+    repeats: int
+
+
+FULL = Sizes(
+    steps=16,
+    first_prompt=128,
+    generated=16,
+    observation=32,
+    edit_steps=(5, 10),
+    episodes=2,
+    groups=2,
+    group_size=4,
+    prompt_tokens=(64, 256),
+    completion_tokens=(16, 64),
+    repeats=2,
+)
+QUICK = Sizes(
+    steps=4,
+    first_prompt=64,
+    generated=8,
+    observation=16,
+    edit_steps=(1,),
+    episodes=2,
+    groups=2,
+    group_size=2,
+    prompt_tokens=(8, 24),
+    completion_tokens=(4, 12),
+    repeats=1,
+)
+
+
+# ---- synthetic records ----------------------------------------------------------------------------------
+
+
+def synthetic_step(
+    prompt: Sequence[int],
+    generated: Sequence[int],
+    *,
+    source: str,
+    logprobs: Sequence[float] | None = None,
+    edit: bool = False,
+) -> StepRecord:
+    """A step record with the fields training reads filled in (ids, engine logprobs, edit mask, source)."""
+    n = len(generated)
+    return StepRecord(
+        prompt_ids=list(prompt),
+        token_ids=list(generated),
+        logprobs=list(logprobs) if logprobs is not None else [-1.0] * n,
+        edit_mask=[int(edit)] * n,
+        finish_reason="stop",
+        num_cached_tokens=0,
+        prompt_source=source,
+        rebuild_reason="edit" if source == "rebuild" else None,
+        text="",
+        tool_calls=["bash"],
+        edit_calls=[0] if edit else [],
+        receipts=[],
+        receipt_kinds=[],
+        readout="",
+        nudges=[],
+        context_tokens=len(prompt) + n,
+        edited=edit,
+        free_turn=False,
+        cost=StepCost(prompt_tokens=len(prompt), cached_tokens=0, generated_tokens=n, flops=None),
+    )
+
+
+def synthetic_episode(
+    steps: Sequence[StepRecord], *, group: int, index: int, reward: float, cost: float = 1.0
+) -> EpisodeRecord:
+    """An episode record around ``steps``; ``reward`` is its task reward (success when it is 1)."""
+    return EpisodeRecord(
+        task_id=f"bench-{group}",
+        family="synthetic",
+        split="train",
+        seed=group,
+        difficulty="easy",
+        mode="file",
+        skill_id="0" * 16,
+        group=group,
+        index=index,
+        engine="synthetic",
+        success=reward >= 1.0,
+        score=reward,
+        reward=reward,
+        end_reason="submit",
+        answer=None,
+        verdict="",
+        cost_tokens=cost,
+        cost_flops=None,
+        steps=list(steps),
+    )
+
+
+def _ids(rng: Any, regular: Any, n: int) -> list[int]:
+    """``n`` ids drawn from ``regular`` (the tokenizer's non-special ids) with the torch generator ``rng``."""
+    import torch
+
+    return [int(x) for x in regular[torch.randint(0, len(regular), (n,), generator=rng)]]
+
+
+def append_heavy_episode(
+    sizes: Sizes, regular: Any, *, seed: int, group: int = 0, index: int = 0, reward: float = 1.0
+) -> EpisodeRecord:
+    """A ``sizes.steps``-step episode: each step generates ``generated`` ids and appends ``observation`` ids
+    to the prompt; after the steps in ``edit_steps`` (edits) the next prompt is rebuilt without the oldest
+    half of the editable region (the pinned ``first_prompt`` ids stay)."""
+    import torch
+
+    rng = torch.Generator().manual_seed(seed)
+    pinned = _ids(rng, regular, sizes.first_prompt)
+    region: list[int] = []
+    source = "reset"
+    steps = []
+    for k in range(sizes.steps):
+        generated = _ids(rng, regular, sizes.generated)
+        edit = k in sizes.edit_steps
+        steps.append(synthetic_step([*pinned, *region], generated, source=source, edit=edit))
+        region = [*region, *generated, *_ids(rng, regular, sizes.observation)]
+        source = "extend"
+        if edit:
+            region = region[len(region) // 2 :]
+            source = "rebuild"
+    return synthetic_episode(steps, group=group, index=index, reward=reward)
+
+
+def one_row_per_step(episode: EpisodeRecord) -> EpisodeRecord:
+    """``episode`` with every step marked as rebuilt: the rows code then gives one row per step (naive)."""
+    return replace(episode, steps=[replace(s, prompt_source="rebuild") for s in episode.steps])
+
+
+# ---- the parity batch (TRL's case) --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ParityBatch:
+    """Single-step episodes with no edits: ``groups`` prompts with ``group_size`` completions each."""
+
+    prompts: list[list[int]]
+    completions: list[list[list[int]]]
+    """``completions[g][j]``: the ids of completion j of prompt g."""
+    rewards: list[list[float]]
+    logprobs: list[list[list[float]]]
+    """The engine's logprob of each completion id (only TIS would read them)."""
+
+    def prompt_text(self, g: int) -> str:
+        """The dataset prompt that stands for prompt ``g`` (TRL needs a text; its ``rollout_func`` maps it back)."""
+        return f"parity prompt {g}"
+
+
+def regular_ids(tokenizer: Any) -> Any:
+    """The tokenizer's ids that are not added/special tokens, as a tensor (what synthetic text is made of)."""
+    import torch
+
+    special = set(tokenizer.get_added_vocab().values()) | set(tokenizer.all_special_ids)
+    return torch.tensor([i for i in range(len(tokenizer)) if i not in special])
+
+
+def parity_batch(
+    tokenizer: Any,
+    *,
+    groups: int,
+    group_size: int,
+    prompt_tokens: tuple[int, int],
+    completion_tokens: tuple[int, int],
+    seed: int = 0,
+) -> ParityBatch:
+    """Random prompts and completions of lengths in the given ``[low, high]`` ranges, graded rewards in
+    {0, 0.25, ..., 1} with both 0 and 1 in every group (so every group has variance)."""
+    import torch
+
+    regular = regular_ids(tokenizer)
+    rng = torch.Generator().manual_seed(seed)
+
+    def length(bounds: tuple[int, int]) -> int:
+        return int(torch.randint(bounds[0], bounds[1] + 1, (1,), generator=rng))
+
+    prompts, completions, rewards, logprobs = [], [], [], []
+    for _ in range(groups):
+        prompts.append(_ids(rng, regular, length(prompt_tokens)))
+        comps = [_ids(rng, regular, length(completion_tokens)) for _ in range(group_size)]
+        completions.append(comps)
+        graded = [float(x) / 4 for x in torch.randint(0, 5, (group_size,), generator=rng)]
+        graded[0], graded[-1] = 1.0, 0.0
+        rewards.append(graded)
+        logprobs.append([[-1.0 - 0.01 * t for t in range(len(c))] for c in comps])
+    return ParityBatch(prompts=prompts, completions=completions, rewards=rewards, logprobs=logprobs)
+
+
+def parity_episodes(batch: ParityBatch) -> list[EpisodeRecord]:
+    """One single-step episode per completion, group by group, in TRL's order."""
+    return [
+        synthetic_episode(
+            [synthetic_step(prompt, comp, source="reset", logprobs=batch.logprobs[g][j])],
+            group=g,
+            index=j,
+            reward=batch.rewards[g][j],
+        )
+        for g, prompt in enumerate(batch.prompts)
+        for j, comp in enumerate(batch.completions[g])
+    ]
+
+
+def trl_generation_batch(batch: ParityBatch) -> list[dict[str, str]]:
+    """TRL's generation batch: each prompt repeated ``group_size`` times, as its sampler yields them."""
+    return [{"prompt": batch.prompt_text(g)} for g in range(len(batch.prompts)) for _ in batch.completions[g]]
+
+
+def trl_trainer(model_dir: Path, tokenizer: Any, batch: ParityBatch, *, scale_rewards: str, out: Path) -> Any:
+    """A TRL ``GRPOTrainer`` whose generation returns ``batch`` and whose reward function returns its rewards.
+
+    The configuration is the one that computes ctxrl's loss (see the module docstring); ``scale_rewards`` is
+    TRL's (``"none"`` matches ctxrl's ``scale_by_std: false``). ``_compute_loss`` reads
+    ``current_gradient_accumulation_steps``, which TRL's own training loop sets; here it is 1.
+    """
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    by_text = {batch.prompt_text(g): g for g in range(len(batch.prompts))}
+    reward_of = {
+        (g, tuple(c)): batch.rewards[g][j]
+        for g, comps in enumerate(batch.completions)
+        for j, c in enumerate(comps)
+    }
+
+    def rollout_func(prompts: list[str], trainer: Any) -> dict[str, Any]:
+        seen: dict[int, int] = {}
+        out: dict[str, list[Any]] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "group": []}
+        for text in prompts:
+            g = by_text[text]
+            j = seen.get(g, 0)
+            seen[g] = j + 1
+            out["prompt_ids"].append(batch.prompts[g])
+            out["completion_ids"].append(batch.completions[g][j])
+            out["logprobs"].append(batch.logprobs[g][j])
+            out["group"].append(g)
+        return out
+
+    def reward(completion_ids: list[list[int]], group: list[int], **_: Any) -> list[float | None]:
+        return [reward_of[(g, tuple(ids))] for g, ids in zip(group, completion_ids)]
+
+    group_size = len(batch.completions[0])
+    n = sum(len(c) for c in batch.completions)
+    args = GRPOConfig(
+        output_dir=str(out),
+        per_device_train_batch_size=n,
+        num_generations=group_size,
+        max_completion_length=max(len(c) for comps in batch.completions for c in comps),
+        loss_type="dapo",
+        scale_rewards=scale_rewards,
+        beta=0.0,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        importance_sampling_level="token",
+        num_iterations=1,
+        temperature=1.0,
+        bf16=False,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1,
+        seed=0,
+    )
+    trainer = GRPOTrainer(
+        model=str(model_dir),
+        reward_funcs=reward,
+        args=args,
+        train_dataset=Dataset.from_list(
+            [{"prompt": batch.prompt_text(g)} for g in range(len(batch.prompts))]
+        ),
+        processing_class=tokenizer,
+        rollout_func=rollout_func,
+    )
+    trainer.current_gradient_accumulation_steps = 1
+    model: Any = trainer.model
+    model.train()
+    return trainer
+
+
+# ---- one optimiser step, ctxrl's way --------------------------------------------------------------------
+
+
+def ctxrl_backward(
+    model: Any,
+    rows: Sequence[Any],
+    *,
+    packed: bool,
+    pad_id: int,
+    loss_config: Any,
+    max_tokens: int = MAX_TOKENS,
+    old_logprobs: Callable[[Any, Any], Any] | None = None,
+) -> float:
+    """Forward, loss and backward over ``rows`` in microbatches, as the trainer's update runs them (packed or
+    padded layout, token mean over the whole step, entropy computed); gradients accumulate in ``model``.
+    ``old_logprobs(microbatch, logprobs)`` gives the old logprobs of a microbatch (None: on-policy).
+    Returns the step's loss."""
+    import torch
+
+    from ctxrl.train.logprobs import token_logprobs
+    from ctxrl.train.loss import policy_loss
+    from ctxrl.train.rows import pack_rows, pad_rows
+
+    batches = pack_rows(rows, max_tokens) if packed else pad_rows(rows, max_tokens, pad_id)
+    n_tokens = float(sum(mb.num_loss_tokens for mb in batches))
+    total = 0.0
+    for mb in batches:
+        mask = None if mb.attention_mask is None else torch.from_numpy(mb.attention_mask)
+        logprobs, _ = token_logprobs(
+            model,
+            torch.from_numpy(mb.input_ids),
+            torch.from_numpy(mb.position_ids),
+            mask,
+            with_entropy=True,
+        )
+        out = policy_loss(
+            logprobs,
+            None if old_logprobs is None else old_logprobs(mb, logprobs),
+            torch.from_numpy(mb.old_logprobs).float(),
+            torch.from_numpy(mb.advantages).float(),
+            torch.from_numpy(mb.loss_mask).float(),
+            loss_config,
+            num_loss_tokens=n_tokens,
+        )
+        out.loss.backward()
+        total += float(out.loss.detach())
+    return total
+
+
+def _optimizer_step(model: Any, optimizer: Any) -> None:
+    import torch
+
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _alternate(fns: Sequence[Callable[[], None]], repeats: int, *, warmup: int = 0) -> list[float]:
+    """Median seconds of each of ``fns``, run in turn (``warmup`` untimed rounds, then ``repeats`` timed)."""
+    times: list[list[float]] = [[] for _ in fns]
+    for r in range(warmup + repeats):
+        for i, fn in enumerate(fns):
+            start = time.perf_counter()
+            fn()
+            if r >= warmup:
+                times[i].append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
+
+
+# ---- the benchmark --------------------------------------------------------------------------------------
+
+
+def _policy(model_dir: Path) -> tuple[Any, Any]:
+    import torch
+
+    from ctxrl.train.config import TrainConfig
+    from ctxrl.train.grpo import load_policy
+
+    model = load_policy(model_dir, TrainConfig()).train()
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-6)
+
+
+def _packed_vs_naive(model_dir: Path, tokenizer: Any, sizes: Sizes) -> dict[str, float]:
+    from ctxrl.rewards.advantages import AdvantageConfig
+    from ctxrl.train.credit import CreditConfig, assign_credit
+    from ctxrl.train.loss import LossConfig
+    from ctxrl.train.rows import episode_rows, row_stats
+
+    regular = regular_ids(tokenizer)
+    episodes = [
+        append_heavy_episode(sizes, regular, seed=i, index=i, reward=float(i % 2 == 0))
+        for i in range(sizes.episodes)
+    ]
+    credit = assign_credit(episodes, CreditConfig(advantages=AdvantageConfig(w_eff=0.25)))
+
+    def rows_of(eps: Sequence[EpisodeRecord]) -> list[Any]:
+        return [
+            r
+            for i, (ep, c) in enumerate(zip(eps, credit))
+            for r in episode_rows(ep, c.steps, episode_index=i)
+        ]
+
+    packed_rows = rows_of(episodes)
+    naive_rows = rows_of([one_row_per_step(ep) for ep in episodes])
+    stats = row_stats(packed_rows, episodes)
+    assert stats.naive_tokens == sum(len(r) for r in naive_rows), "one row per step is the naive layout"
+    model, optimizer = _policy(model_dir)
+    loss_config, pad_id = LossConfig(), int(tokenizer.pad_token_id or 0)
+
+    def step(rows: Sequence[Any]) -> Callable[[], None]:
+        def run() -> None:
+            ctxrl_backward(model, rows, packed=True, pad_id=pad_id, loss_config=loss_config)
+            _optimizer_step(model, optimizer)
+
+        return run
+
+    packed_s, naive_s = _alternate([step(packed_rows), step(naive_rows)], sizes.repeats)
+    n = float(len(episodes))
+    return {
+        "packed_vs_naive_tokens": stats.packed_vs_naive,
+        "packed_tokens_per_episode": stats.tokens / n,
+        "naive_tokens_per_episode": stats.naive_tokens / n,
+        "ctxrl_vs_naive_step_time": packed_s / naive_s,
+        "packed_step_s": packed_s,
+        "naive_step_s": naive_s,
+    }
+
+
+def _ctxrl_vs_trl(model_dir: Path, tokenizer: Any, sizes: Sizes, tmp: Path) -> dict[str, float]:
+    import torch
+
+    from ctxrl.rewards.advantages import AdvantageConfig
+    from ctxrl.train.credit import CreditConfig, assign_credit
+    from ctxrl.train.logprobs import packing_supported
+    from ctxrl.train.loss import LossConfig
+    from ctxrl.train.rows import episode_rows
+
+    batch = parity_batch(
+        tokenizer,
+        groups=sizes.groups,
+        group_size=sizes.group_size,
+        prompt_tokens=sizes.prompt_tokens,
+        completion_tokens=sizes.completion_tokens,
+    )
+    trainer = trl_trainer(model_dir, tokenizer, batch, scale_rewards="none", out=tmp / "trl")
+    trl_optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=1e-6)
+    generation_batch = trl_generation_batch(batch)
+
+    def trl_step() -> None:
+        trainer.training_step(trainer.model, generation_batch, None)
+        _optimizer_step(trainer.model, trl_optimizer)
+
+    model, optimizer = _policy(model_dir)
+    packed = packing_supported(model)  # what the trainer's ``packing: auto`` picks
+    episodes = parity_episodes(batch)
+    credit_config = CreditConfig(advantages=AdvantageConfig(w_eff=0.0, scale_by_std=False))
+    loss_config = LossConfig(epsilon_low=0.2, epsilon_high=0.28, kl_coef=0.0, tis_cap=None)
+    pad_id = int(tokenizer.pad_token_id or 0)
+
+    def ctxrl_step(layout_packed: bool) -> Callable[[], None]:
+        def run() -> None:
+            credit = assign_credit(episodes, credit_config)
+            rows = [
+                r
+                for i, (ep, c) in enumerate(zip(episodes, credit))
+                for r in episode_rows(ep, c.steps, episode_index=i)
+            ]
+            ctxrl_backward(model, rows, packed=layout_packed, pad_id=pad_id, loss_config=loss_config)
+            _optimizer_step(model, optimizer)
+
+        return run
+
+    ctxrl_s, padded_s, trl_s = _alternate(
+        [ctxrl_step(packed), ctxrl_step(False), trl_step], sizes.repeats, warmup=1
+    )
+    return {
+        "ctxrl_vs_trl_step_time": ctxrl_s / trl_s,
+        "ctxrl_padded_vs_trl_step_time": padded_s / trl_s,
+        "ctxrl_step_s": ctxrl_s,
+        "ctxrl_padded_step_s": padded_s,
+        "trl_step_s": trl_s,
+    }
+
+
+def bench_train(args: argparse.Namespace) -> dict[str, float]:
+    """``ctxrl bench train``: the metrics of the module docstring."""
+    import torch
+
+    from ctxrl.env.tokenizer import load_tokenizer_dir
+    from ctxrl.train.tiny_model import build_tiny_model
+
+    sizes = QUICK if getattr(args, "quick", False) else FULL
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with tempfile.TemporaryDirectory(prefix="ctxrl-bench-train-") as name:
+            tmp = Path(name)
+            model_dir = build_tiny_model(tmp / "model", seed=0)
+            tokenizer = load_tokenizer_dir(model_dir)
+            metrics = _packed_vs_naive(model_dir, tokenizer, sizes)
+            metrics.update(_ctxrl_vs_trl(model_dir, tokenizer, sizes, tmp))
+    finally:
+        torch.set_num_threads(threads)  # the caller's setting (the test suite runs benches in-process)
+    return metrics
