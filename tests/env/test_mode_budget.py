@@ -125,3 +125,13 @@ def test_usage_means_follow_the_grants() -> None:
     only_archive = make_mode("usage", ModesConfig(usage=UsageModeConfig(evict=False)))
     text = only_archive.means(CFG).compact
     assert "archive_thread" in text and "evict_file_view" not in text
+
+
+def test_usage_modes_backstop_is_a_fold_when_the_window_is_full() -> None:
+    mode = make_mode("usage", CFG)
+    assert mode.pressure is not None  # type: ignore[attr-defined]
+    backstop = mode.pressure.config  # type: ignore[attr-defined]
+    assert (backstop.spill, backstop.compact_pct) == (False, 1.0)  # folds only; eviction stays the model's
+    off = make_mode("usage", ModesConfig(usage=UsageModeConfig(compaction=False)))
+    assert off.pressure is None  # type: ignore[attr-defined]
+    assert "read_overflow" not in [t["function"]["name"] for t in off.tool_schemas(CFG)]

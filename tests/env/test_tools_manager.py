@@ -19,13 +19,9 @@ from ctxrl.env.tasks.registry import make_task
 SEED = 110_000
 
 
-def test_the_tools_manager_solves_a_task_with_handles_it_can_see(
-    tiny_tokenizer: Any, tmp_path: Path
-) -> None:
+def test_the_tools_manager_solves_a_task_with_handles_it_can_see(tiny_tokenizer: Any, tmp_path: Path) -> None:
     builder = PromptBuilder(tiny_tokenizer)
-    episode = TaskEpisode(
-        make_task("board", SEED, split="test"), "tools", builder, workspace=tmp_path / "ws"
-    )
+    episode = TaskEpisode(make_task("board", SEED, split="test"), "tools", builder, workspace=tmp_path / "ws")
     episode.reset()
     policy = make_policy("tools-manager")
     drops, reasons = 0, []
