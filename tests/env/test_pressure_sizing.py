@@ -92,15 +92,16 @@ def test_explicit_values_win_over_the_rule() -> None:
 @pytest.mark.parametrize(("budget", "spill_chars"), [(6000, 6323), (16000, 22323)])
 def test_a_harness_spills_at_the_size_its_limit_gives(tmp_path: Path, budget: int, spill_chars: int) -> None:
     """limit = budget - 2048; the counter measures 32 chars / 8 tokens on the prompt: spill at 0.4 * limit * 4 characters.
-    The stored result is the output plus the harness's readout line, so the margins are 200 characters."""
+    The stored result is the output and its exit line (harness mode shows no readout), so the margins are 200
+    characters either side."""
     under = harness(tmp_path / "under", budget)
     shell(under, f"emit {spill_chars - 200}")
     assert not result_spilled(under)
     over = harness(tmp_path / "over", budget)
-    event = shell(over, f"emit {spill_chars}").events[0]
+    event = shell(over, f"emit {spill_chars + 200}").events[0]
     assert result_spilled(over) and event["spill_chars"] == spill_chars
     explicit = harness(tmp_path / "explicit", budget, spill_chars=1000)
-    shell(explicit, "emit 1000")
+    shell(explicit, "emit 1200")
     assert result_spilled(explicit)
 
 

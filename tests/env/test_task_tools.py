@@ -5,6 +5,7 @@ be filtered (item 13)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +32,10 @@ def _episode(family: str, mode: str, builder: PromptBuilder, tmp_path: Path, **u
 
 
 def _last_tool_text(episode: TaskEpisode) -> str:
-    """The latest tool result as shown, less the budget readout and nudges the harness may append."""
+    """The latest tool result as shown, less tools mode's ``[r<round>.<i>]`` handle line and the budget readout
+    and nudges the harness may append."""
     text = next(m["content"] for m in reversed(episode.live.context.to_messages()) if m["role"] == "tool")
-    return text.split("\n[context", 1)[0]
+    return re.sub(r"\A\[r\d+\.\d+\]\n", "", text).split("\n[context", 1)[0]
 
 
 def _act(episode: TaskEpisode, builder: PromptBuilder, text: str) -> Any:

@@ -223,11 +223,11 @@ def test_trajectory_jsonl_round_trip_and_datasets_load(
 
 
 def test_context_past_max_model_len_ends_the_episode(tiny_tokenizer: Any, tmp_path: Path) -> None:
-    engine = ScriptedEngine(lambda ids: "x " * 40, tiny_tokenizer, max_model_len=1300)
+    engine = ScriptedEngine(lambda ids: "x " * 40, tiny_tokenizer, max_model_len=1700)
     result = short_rollout(engine, tiny_tokenizer, tmp_path, n_tasks=1, max_steps=20)
     for ep in result.episodes:
         assert ep.end_reason == "max_model_len" and not ep.success and ep.reward == 0.0
-        assert len(ep.steps) >= 1 and len(ep.steps[-1].prompt_ids) < 1300
+        assert len(ep.steps) >= 1 and len(ep.steps[-1].prompt_ids) < 1700
     assert not any((tmp_path / "ws").iterdir())  # workspaces removed
 
 
