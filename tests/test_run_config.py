@@ -71,3 +71,25 @@ def test_exponent_floats_without_a_dot_are_numbers() -> None:
     assert (config.train.lr, config.advantages.w_eff) == (5e-4, 0.1)
     with pytest.raises(ConfigError, match=r"train\.lr must be float"):
         load_run_config(None, ["train.lr=fast"])
+
+
+@pytest.mark.parametrize("command", ["rollout", "sft", "train"])
+def test_shortcut_flags_set_their_keys_and_win_over_overrides(command: str) -> None:
+    from ctxrl.cli import build_parser
+    from ctxrl.commands.common import run_config
+
+    args = build_parser().parse_args(
+        [command, "--engine", "hf", "--mode", "tools", "--model", "some/folder", "rollout.mode=usage"]
+    )
+    config = run_config(args)
+    assert (config.engine.name, config.rollout.mode, config.model) == ("hf", "tools", "some/folder")
+    plain = run_config(build_parser().parse_args([command, "rollout.mode=usage"]))
+    assert (plain.engine.name, plain.rollout.mode) == ("vllm", "usage")
+
+
+def test_a_bad_shortcut_value_is_a_config_error() -> None:
+    from ctxrl.cli import build_parser
+    from ctxrl.commands.common import run_config
+
+    with pytest.raises(ConfigError, match="mode"):
+        run_config(build_parser().parse_args(["rollout", "--mode", "files"]))

@@ -59,6 +59,13 @@ def _add_run_config(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_shortcuts(p: argparse.ArgumentParser, *, mode: bool = True) -> None:
+    """``--engine`` and ``--mode``: one config key each (``ctxrl.commands.common.SHORTCUTS``)."""
+    p.add_argument("--engine", default=None, help="engine.name: scripted, hf, vllm or vllm-server")
+    if mode:
+        p.add_argument("--mode", default=None, help="rollout.mode: file, tools, usage, harness or append")
+
+
 def _add_out(p: argparse.ArgumentParser, default: str | None) -> None:
     help_text = f"run folder (default {default})" if default else "write the results into this folder"
     p.add_argument("--out", type=Path, default=Path(default) if default else None, help=help_text)
@@ -131,9 +138,8 @@ def _add_rollout(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("rollout", help="run a policy on built-in tasks and write its trajectories (JSONL)")
     _add_run_config(p)
     _add_out(p, "runs/rollout")
-    p.add_argument(
-        "--model", type=Path, default=None, help="model folder (sets model=; default: the tiny model)"
-    )
+    p.add_argument("--model", default=None, help="model folder or registry name (sets model=; default: tiny)")
+    _add_shortcuts(p)
     p.set_defaults(run="ctxrl.commands.rollout:run_rollout")
 
 
@@ -143,7 +149,8 @@ def _add_eval(sub: argparse._SubParsersAction[Any]) -> None:
     )
     _add_run_config(p)
     _add_out(p, None)
-    p.add_argument("--model", type=Path, default=None, help="model folder (sets model=)")
+    p.add_argument("--model", default=None, help="model folder or registry name (sets model=)")
+    _add_shortcuts(p, mode=False)
     p.add_argument("--json", type=Path, default=None, help="write flat {metric: number} JSON to this file")
     p.set_defaults(run="ctxrl.commands.eval:run_eval")
 
@@ -155,6 +162,8 @@ def _add_train(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument(
         "--resume", action="store_true", help="continue the run in --out from its latest checkpoint"
     )
+    p.add_argument("--model", default=None, help="model folder or registry name (sets model=)")
+    _add_shortcuts(p)
     p.set_defaults(run="ctxrl.commands.train:run_train")
 
 
@@ -170,7 +179,10 @@ def _add_sft(sub: argparse._SubParsersAction[Any]) -> None:
         default=None,
         help="trajectories.jsonl of demonstrations (default: record them with engine.policy into OUT/demos)",
     )
-    p.add_argument("--model", type=Path, default=None, help="base model folder (sets model=; default: tiny)")
+    p.add_argument(
+        "--model", default=None, help="base model folder or registry name (sets model=; default: tiny)"
+    )
+    _add_shortcuts(p)
     p.set_defaults(run="ctxrl.commands.sft:run_sft")
 
 

@@ -22,10 +22,20 @@ from typing import Any, TextIO
 from ctxrl.commands.config import RunConfig, dump_run_config, load_run_config
 from ctxrl.errors import ConfigError, UsageError
 
+SHORTCUTS = {"model": "model", "engine": "engine.name", "mode": "rollout.mode"}
+"""Flags that stand for one config key each (``--engine vllm`` is ``engine.name=vllm``); they apply after the
+``key=value`` overrides, so the flag wins."""
+
 
 def run_config(args: argparse.Namespace) -> RunConfig:
-    """The run config of a subcommand: ``--config`` (or the defaults) plus its ``key=value`` overrides."""
-    return load_run_config(getattr(args, "config", None), getattr(args, "overrides", None) or ())
+    """The run config of a subcommand: ``--config`` (or the defaults), its ``key=value`` overrides, then the
+    shortcut flags it has (:data:`SHORTCUTS`)."""
+    overrides = list(getattr(args, "overrides", None) or ())
+    for flag, key in SHORTCUTS.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    return load_run_config(getattr(args, "config", None), overrides)
 
 
 def prepare_out(out: Path, *, overwrite: bool = False) -> Path:

@@ -69,10 +69,9 @@ def plan(config: RunConfig) -> dict[str, str]:
 def run_eval(args: argparse.Namespace) -> int:
     """Entry point of ``ctxrl eval`` (see the module docstring)."""
     config = run_config(args)
-    if args.model is not None:
-        config = replace(config, model=str(args.model))
+    flags = [f"--{flag} {getattr(args, flag)}" for flag in ("model", "engine") if getattr(args, flag, None)]
     command = " ".join(
-        ["ctxrl eval", *(["--config", str(args.config)] if args.config else []), *args.overrides]
+        ["ctxrl eval", *(["--config", str(args.config)] if args.config else []), *flags, *args.overrides]
     )
     eval_command(config, out=args.out, json_path=args.json, overwrite=args.overwrite, command=command)
     return 0

@@ -17,7 +17,6 @@ import argparse
 import collections
 import json
 import statistics
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -82,8 +81,6 @@ def _print_summary(summary: dict[str, Any], engine: str, out: Path) -> None:
 def run_rollout(args: argparse.Namespace) -> int:
     """Entry point of ``ctxrl rollout`` (see the module docstring)."""
     config = run_config(args)
-    if args.model is not None:
-        config = replace(config, model=str(args.model))
     rollout_command(config, args.out, overwrite=args.overwrite)
     return 0
 

@@ -37,8 +37,6 @@ from ctxrl.errors import UsageError
 def run_sft(args: argparse.Namespace) -> int:
     """Entry point of ``ctxrl sft`` (see the module docstring)."""
     config = run_config(args)
-    if args.model is not None:
-        config = replace(config, model=str(args.model))
     sft_command(config, args.out, demos=args.demos, overwrite=args.overwrite)
     return 0
 
