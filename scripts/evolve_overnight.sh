@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # bash scripts/evolve_overnight.sh OUT [ctxrl evolve ARGS...]
-#   e.g. bash scripts/evolve_overnight.sh runs/night1 --config configs/evolve_tiny.yaml evolve.rounds=50
+#   e.g. bash scripts/evolve_overnight.sh runs/night1 --config configs/evolve/overnight.yaml --hours 10
 #
 # A night of skill evolution that survives crashes: runs `ctxrl evolve ... --out OUT --resume` again and
-# again until it exits 0 (all rounds done, or a STOP file ended it), each rerun resuming from OUT's lineage
+# again until it exits 0 (all rounds done, the --hours spent, or a STOP file ended it), each rerun resuming from OUT's lineage
 # store. `touch OUT/STOP` ends the night after the current batch (the test comparison still runs); the loop
 # here does not restart a run while OUT/STOP exists. It gives up after CTXRL_MAX_RESTARTS (default 20)
 # consecutive failures, waiting CTXRL_RESTART_WAIT seconds (default 30) between tries.

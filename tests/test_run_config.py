@@ -14,7 +14,9 @@ from ctxrl.rewards.advantages import AdvantageConfig
 from ctxrl.train.engines import EngineConfig, SamplingConfig
 from ctxrl.train.rollout import RolloutConfig
 
-CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
+CONFIGS = sorted(
+    p for p in (Path(__file__).parents[1] / "configs").rglob("*.yaml") if "accelerate" not in p.parts
+)
 
 
 def test_there_are_configs() -> None:

@@ -208,6 +208,12 @@ def _add_evolve(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument(
         "--resume", action="store_true", help="continue the run in --out (start it if --out is empty)"
     )
+    p.add_argument(
+        "--hours",
+        type=float,
+        default=None,
+        help="end the rounds this many hours after the night's first start",
+    )
     p.set_defaults(run="ctxrl.commands.evolve:run_evolve")
 
 

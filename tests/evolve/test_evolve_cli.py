@@ -146,3 +146,29 @@ def test_bad_input_is_one_line_before_any_episode(tmp_path: Path, capsys: pytest
     save_config(load_run_config(ROOT / "configs" / "evolve_tiny.yaml", _args(run)[5:]), run)
     err = _fails(["evolve", "--out", str(run), "--resume", "evolve.dev_tasks=3"], capsys)
     assert "--resume: evolve.dev_tasks was 2 in" in err and "now 3" in err
+
+
+def test_hours_spent_end_the_rounds_and_the_test_comparison_still_runs(tmp_path: Path) -> None:
+    out = tmp_path / "night"
+    out.mkdir()
+    (out / "night.json").write_text(json.dumps({"started": time.time() - 2 * 3600}))  # began two hours ago
+    assert main([*_args(out), "--hours", "1.5", "--resume"]) == 0  # night.json alone: a night not yet begun
+    summary = json.loads((out / "evolve.json").read_text())
+    assert summary["stopped"] and summary["stop_reason"] == "the night's hours are spent"
+    assert summary["rounds_finished"] == 0 and summary["test"]["seed"]["skill"] == summary["seed"]
+    assert {k[1] for k in _episodes(out)} == {"test"}  # no train or dev batch started after the deadline
+
+
+def test_the_nights_clock_starts_once(tmp_path: Path) -> None:
+    from ctxrl.commands.evolve import night_deadline
+    from ctxrl.errors import UsageError
+
+    first = night_deadline(tmp_path, 10)
+    started = json.loads((tmp_path / "night.json").read_text())["started"]
+    assert abs(first - (started + 36000)) < 1e-6 and abs(started - time.time()) < 60
+    assert night_deadline(tmp_path, 2) == started + 7200  # a restart (or another --hours) keeps the start
+    with pytest.raises(UsageError, match="--hours must be > 0"):
+        night_deadline(tmp_path, 0)
+    (tmp_path / "night.json").write_text("{not json")
+    with pytest.raises(UsageError, match=r"night\.json is unreadable"):
+        night_deadline(tmp_path, 1)

@@ -4,6 +4,11 @@
     ctxrl evolve --config configs/evolve_tiny.yaml --out runs/evolve --resume   # continue it after a crash
     ctxrl evolve --out runs/evolve --resume evolve.rounds=6                      # extend it, stored config
     touch runs/evolve/STOP                                                      # end it after the current batch
+      ctxrl evolve --config configs/evolve/overnight.yaml --out runs/night --hours 10 --resume  # a night
+
+``--hours H`` ends the rounds H hours after the run's first start (kept in ``night.json``, so a restart after a
+crash does not extend the night; a rerun with another H moves the end, still counted from that first start),
+after the batch in flight, as a STOP file does; the test comparison then runs.
 
 Writes into ``--out``: ``lineage.sqlite`` (every skill, graded episode and gate decision), ``best_skill/SKILL.md``
 (always the incumbent), ``config.yaml`` (the resolved run config), ``rounds/<r>/notes.md`` (what the proposer
@@ -76,13 +81,38 @@ def run_evolve(args: argparse.Namespace) -> int:
     existing = (out / "lineage.sqlite").exists() and (out / "config.yaml").exists()
     if args.resume and existing:
         config = resume_config(args, out)
-    elif args.resume and out.is_dir() and any(out.iterdir()) and not existing:
-        raise UsageError(f"--resume: {out} holds no evolution run (no lineage.sqlite and config.yaml)")
+    elif args.resume and out.is_dir() and not existing:
+        # a run killed before its lineage store was made leaves only these; anything else is not ours
+        if any(p.name not in ("config.yaml", "night.json", "workspaces") for p in out.iterdir()):
+            raise UsageError(f"--resume: {out} holds no evolution run (no lineage.sqlite and config.yaml)")
+        config = run_config(args)
     else:
         config = run_config(args)
         prepare_out(out, overwrite=args.overwrite)
-    evolve_command(config, out)
+    hours = getattr(args, "hours", None)
+    evolve_command(config, out, deadline=None if hours is None else night_deadline(out, hours))
     return 0
+
+
+def night_deadline(out: Path, hours: float) -> float:
+    """The Unix time ``hours`` after the night's first start, recorded in ``out/night.json`` on first use."""
+    import json
+    import time
+
+    from ctxrl.evolve.lineage import write_atomic
+
+    if not hours > 0:
+        raise UsageError(f"--hours must be > 0, got {hours}")
+    path = out / "night.json"
+    try:
+        started = float(json.loads(path.read_text(encoding="utf-8"))["started"])
+    except FileNotFoundError:
+        started = time.time()
+        out.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps({"started": started}) + "\n")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"{path} is unreadable ({exc}); delete it to start the night's clock anew") from None
+    return started + hours * 3600.0
 
 
 def _check(config: RunConfig) -> None:
@@ -155,8 +185,9 @@ def _proposer(config: RunConfig, engine: Any, tokenizer: Any) -> Any:
     return ChatProposer(engine_complete(engine, tokenizer, sampling))
 
 
-def evolve_command(config: RunConfig, out: Path) -> dict[str, Any]:
-    """Run (or resume) the evolution ``config`` describes in ``out``; return the summary."""
+def evolve_command(config: RunConfig, out: Path, *, deadline: float | None = None) -> dict[str, Any]:
+    """Run (or resume) the evolution ``config`` describes in ``out``; return the summary. No new batch starts
+    after the Unix time ``deadline`` (None: no limit)."""
     from dataclasses import replace
 
     from ctxrl.env.policies import POLICY_MODES, make_policy
@@ -206,6 +237,7 @@ def evolve_command(config: RunConfig, out: Path) -> dict[str, Any]:
         runner=runner,
         proposer=_proposer(config, base, tokenizer),
         seed=seed,
+        deadline=deadline,
     )
     try:
         summary = loop.run()
@@ -215,7 +247,7 @@ def evolve_command(config: RunConfig, out: Path) -> dict[str, Any]:
         if (out / "workspaces").is_dir() and not any((out / "workspaces").iterdir()):
             (out / "workspaces").rmdir()
     saved = summary["dev_episodes_planned"] - summary["dev_episodes_run"]
-    state = "stopped by STOP" if summary["stopped"] else "done"
+    state = f"stopped ({summary['stop_reason']})" if summary["stopped"] else "done"
     print(
         f"evolve {state}: {summary['rounds_finished']} rounds finished; incumbent {summary['incumbent']} "
         f"(seed {summary['seed']}); dev episodes run {summary['dev_episodes_run']} of "

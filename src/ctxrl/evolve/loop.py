@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -154,6 +155,7 @@ class EvolveLoop:
         proposer: Proposer,
         seed: Skill | None = None,
         log: Callable[[str], None] = print,
+        deadline: float | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.config = config
@@ -163,14 +165,24 @@ class EvolveLoop:
         self.proposer = proposer
         self.log = log
         self.lineage = Lineage.open(self.run_dir, mode=mode, seed=seed)
+        self.deadline = deadline
+        """Unix time after which no new batch starts (``ctxrl evolve --hours``); None: no limit."""
         self.final_phase = False
         self.batches = 0
         """Batches run by this process (a resumed run counts only its own)."""
 
     # ------------------------------------------------------------------ helpers
 
+    def stop_reason(self) -> str | None:
+        """Why no new batch may start: a STOP file in the run folder, or the night's deadline passed."""
+        if (self.run_dir / STOP_FILE).exists():
+            return "STOP file found"
+        if self.deadline is not None and time.time() >= self.deadline:
+            return "the night's hours are spent"
+        return None
+
     def stop_requested(self) -> bool:
-        return (self.run_dir / STOP_FILE).exists()
+        return self.stop_reason() is not None
 
     def tasks(self, split: str, round: int) -> list[Task]:
         """The tasks of ``split`` in ``round`` (train and dev move on each round when ``fresh_tasks``; test is
@@ -231,11 +243,14 @@ class EvolveLoop:
                 continue
             if self.stop_requested() or not self.round(r):
                 stopped = True
-                self.log(f"STOP file found: rounds end here (round {r} unfinished); the test comparison runs")
+                self.log(
+                    f"{self.stop_reason() or 'stopped'}: rounds end here (round {r} unfinished); the test comparison runs"
+                )
                 break
             self.write_report()
+        reason = (self.stop_reason() or "stopped") if stopped else None
         final = self.final_test()
-        summary = self.summary(stopped=stopped, final=final)
+        summary = self.summary(stopped=stopped, final=final, reason=reason)
         write_atomic(self.run_dir / SUMMARY_FILE, json.dumps(summary, indent=1, sort_keys=True) + "\n")
         self.write_report(summary)
         return summary
@@ -378,10 +393,11 @@ class EvolveLoop:
             )
         return rows
 
-    def summary(self, *, stopped: bool, final: dict[str, Any]) -> dict[str, Any]:
+    def summary(self, *, stopped: bool, final: dict[str, Any], reason: str | None = None) -> dict[str, Any]:
         rows = self.round_rows()
         return {
             "stopped": stopped,
+            "stop_reason": reason,
             "rounds_finished": sum(r["finished"] for r in rows),
             "seed": self.lineage.seed().id,
             "incumbent": self.lineage.incumbent().id,
