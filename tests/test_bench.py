@@ -104,7 +104,8 @@ def test_bench_all_quick_runs_every_bench_into_one_json_table_and_readme(tmp_pat
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     report = json.loads(out.read_text())
-    assert set(report) == {"date", "quick", "seconds", "load_average", "machine", "benchmarks"}
+    assert set(report) == {"date", "quick", "complete", "seconds", "load_average", "machine", "benchmarks"}
+    assert report["complete"] is True
     assert report["quick"] is True and list(report["benchmarks"]) == list(BENCHMARKS)
     machine = report["machine"]
     assert machine["cores"] == os.cpu_count() and machine["memory_gib"] > 0 and machine["cpu"]

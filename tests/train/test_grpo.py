@@ -106,7 +106,9 @@ def test_one_step_updates_the_weights_and_syncs_the_engine(
     assert m["step"] == 1.0 and m["rollout/episodes"] == 2.0
     assert m["reward/mean"] == pytest.approx(-0.15)  # one episode 0, the talker -0.3
     assert m["loss/tokens"] > 0 and torch.isfinite(torch.tensor(m["loss/loss"]))
-    assert m["cost/packed"] == 1.0  # the tiny Qwen3 honours position-id packing
+    # packing: auto prices both layouts (rows.cheaper_layout): these three rows of a few hundred tokens each
+    # pad into one batch cheaper than one packed line, whose attention spans all three
+    assert m["cost/packed"] == 0.0
     # the scripted episode edited once: its 4 steps make 2 rows; the talker's 4 steps 1 row
     assert m["cost/rows_per_episode"] == 1.5
     assert 0 < m["cost/packed_vs_naive_tokens"] < 0.5
@@ -130,6 +132,21 @@ def test_one_step_updates_the_weights_and_syncs_the_engine(
     }
     with pytest.raises(UsageError, match="already holds checkpoints"):
         run(tiny_model_dir, tmp_path / "run", engine, tiny_tokenizer)
+
+
+def test_packing_packed_and_padded_give_the_same_update(
+    tiny_model_dir: Path, tiny_tokenizer: Any, tmp_path: Path
+) -> None:
+    packed = run(
+        tiny_model_dir, tmp_path / "a", TwoStyleEngine(tiny_tokenizer), tiny_tokenizer, packing="packed"
+    )
+    padded = run(
+        tiny_model_dir, tmp_path / "b", TwoStyleEngine(tiny_tokenizer), tiny_tokenizer, packing="padded"
+    )
+    (a,), (b,) = packed.metrics, padded.metrics
+    assert (a["cost/packed"], b["cost/packed"]) == (1.0, 0.0)
+    assert a["loss/loss"] == pytest.approx(b["loss/loss"], abs=1e-5)
+    assert a["loss/grad_norm"] == pytest.approx(b["loss/grad_norm"], rel=1e-4)
 
 
 def test_resumed_run_repeats_the_uninterrupted_one(

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ctxrl.errors import UsageError
-from ctxrl.train.rows import Row, episode_rows, pack_rows, pad_rows, row_stats
+from ctxrl.train.rows import Row, cheaper_layout, episode_rows, pack_rows, pad_rows, row_stats
 
 
 def three_steps(records: SimpleNamespace) -> tuple:
@@ -153,3 +153,18 @@ def test_packing_keeps_every_loss_token_once(records: SimpleNamespace) -> None:
         assert sorted(i for mb in batches for i in mb.rows) == [0, 1, 2]
         for mb in batches:
             assert float(np.sum(mb.advantages * mb.loss_mask)) == mb.num_loss_tokens
+
+
+# a small model's geometry: 1M linear parameters, 4 layers, query width 128
+SIZES = {"linear_params": 1_000_000, "n_layers": 4, "attn_width": 128}
+
+
+def test_auto_layout_pads_rows_of_alike_length_and_packs_ragged_ones() -> None:
+    # eight 200-token rows: both layouts hold 1,600 tokens, but one packed line of 1,600 computes
+    # 4*4*128*1600^2 attention FLOPs against 8 * 4*4*128*200^2 padded: 8x more, so padded wins
+    alike = [row(200, e) for e in range(8)]
+    assert {mb.kind for mb in cheaper_layout(alike, 4096, 0, **SIZES)} == {"padded"}
+    # one 1,000-token row and seven of 10: padded spends 8 x 1,000 tokens through the linear layers
+    # (16 GFLOP of 2*1M per token) against 1,070 packed, far more than packing's extra attention
+    ragged = [row(1000, 0), *(row(10, e) for e in range(1, 8))]
+    assert {mb.kind for mb in cheaper_layout(ragged, 8192, 0, **SIZES)} == {"packed"}

@@ -422,7 +422,9 @@ def run_all(args: argparse.Namespace) -> int:
     print one Markdown table, write ``--json``, ``--markdown`` and the README's table (``--readme``).
 
     The JSON: ``{"date", "quick", "seconds", "load_average": [before, after], "machine": {...},
-    "benchmarks": {bench: {metric: number}}}``. Every output is checked before the first bench runs.
+    "benchmarks": {bench: {metric: number}}}``. Every output is checked before the first bench runs, and
+    ``--json`` is rewritten after each bench (``"complete": false`` until the last), so a run that dies
+    keeps the figures it had.
     """
     from ctxrl.commands.common import check_writable_file, write_text
 
@@ -430,7 +432,15 @@ def run_all(args: argparse.Namespace) -> int:
         if path is not None:
             check_writable_file(path)
     readme = None if args.readme is None else _read_readme(args.readme)
-    report = _load_report(args.from_json) if args.from_json is not None else bench_all(bool(args.quick))
+
+    def partial(report: dict[str, Any]) -> None:
+        if args.json is not None:
+            write_text(args.json, json.dumps(report, indent=2) + "\n")
+
+    if args.from_json is not None:
+        report = _load_report(args.from_json)
+    else:
+        report = bench_all(bool(args.quick), on_bench=partial)
     table = markdown_table(report)
     print(table)
     if args.json is not None:
@@ -445,23 +455,32 @@ def run_all(args: argparse.Namespace) -> int:
     return 0
 
 
-def bench_all(quick: bool) -> dict[str, Any]:
-    """Run every benchmark of :data:`BENCHMARKS` in order; the report that ``ctxrl bench all`` writes."""
+def bench_all(quick: bool, on_bench: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run every benchmark of :data:`BENCHMARKS` in order; the report that ``ctxrl bench all`` writes.
+    ``on_bench(report)`` receives the report so far after each bench (``"complete": false`` until the end)."""
     before = os.getloadavg()[0]
     start = time.perf_counter()
     results: dict[str, dict[str, float]] = {}
+    info = machine()
+
+    def report(complete: bool) -> dict[str, Any]:
+        return {
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "quick": quick,
+            "complete": complete,
+            "seconds": round(time.perf_counter() - start, 1),
+            "load_average": [round(before, 2), round(os.getloadavg()[0], 2)],
+            "machine": info,
+            "benchmarks": dict(results),
+        }
+
     for name, bench in BENCHMARKS.items():
         print(f"== ctxrl bench {name}{' --quick' if quick else ''}", flush=True)
         metrics = bench(argparse.Namespace(bench=name, quick=quick, json=None))
         results[name] = {key: float(value) for key, value in metrics.items()}
-    return {
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "quick": quick,
-        "seconds": round(time.perf_counter() - start, 1),
-        "load_average": [round(before, 2), round(os.getloadavg()[0], 2)],
-        "machine": machine(),
-        "benchmarks": results,
-    }
+        if on_bench is not None and len(results) < len(BENCHMARKS):
+            on_bench(report(False))
+    return report(True)
 
 
 def machine() -> dict[str, Any]:
@@ -507,7 +526,8 @@ def markdown_table(report: dict[str, Any]) -> str:
         f"Measured {report['date']} by `ctxrl bench all{' --quick' if report['quick'] else ''}` "
         f"({report['seconds']:.0f} s) on {m['cpu']}, {m['cores']} cores{memory}; {versions or 'no engines'}; "
         f"preload: {preload}; load average {before:.1f} before, {after:.1f} after."
-        + (" `--quick` figures say the paths work, not how fast they are." if report["quick"] else ""),
+        + (" `--quick` figures say the paths work, not how fast they are." if report["quick"] else "")
+        + ("" if report.get("complete", True) else " Partial: the run ended before every bench had run."),
         "",
         "| bench | metric | value |",
         "|---|---|---|",

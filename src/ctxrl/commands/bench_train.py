@@ -35,7 +35,8 @@ the two compute the same loss (checked to 1e-5 by ``tests/train/test_trl_parity.
 population std + ``eps`` (1e-6).
 
 - ``ctxrl_vs_trl_step_time``: ctxrl's step / TRL's, with the layout the trainer picks by default
-  (``packing: auto``, i.e. packed rows for this model) (goal <= 1.0); ``ctxrl_step_s``, ``trl_step_s``.
+  (``packing: auto``: packed or padded per update, whichever prices lower in FLOPs; for these eight rows of
+  alike lengths, padded) (goal <= 1.0); ``ctxrl_step_s``, ``trl_step_s``.
 - ``ctxrl_padded_vs_trl_step_time``: the same with ``packing: padded``.
 
 ``--quick`` is a smoke run of the same code on small sizes (4-step episodes, short prompts, one repeat); its
@@ -366,18 +367,23 @@ def ctxrl_backward(
     loss_config: Any,
     max_tokens: int = MAX_TOKENS,
     old_logprobs: Callable[[Any, Any], Any] | None = None,
+    sizes: dict[str, int] | None = None,
 ) -> float:
     """Forward, loss and backward over ``rows`` in microbatches, as the trainer's update runs them (packed or
-    padded layout, token mean over the whole step, entropy computed); gradients accumulate in ``model``.
+    padded layout; packed with ``sizes``: the cheaper of the two, as ``packing: auto`` does; token mean over
+    the whole step, entropy computed); gradients accumulate in ``model``.
     ``old_logprobs(microbatch, logprobs)`` gives the old logprobs of a microbatch (None: on-policy).
     Returns the step's loss."""
     import torch
 
     from ctxrl.train.logprobs import token_logprobs
     from ctxrl.train.loss import policy_loss
-    from ctxrl.train.rows import pack_rows, pad_rows
+    from ctxrl.train.rows import cheaper_layout, pack_rows, pad_rows
 
-    batches = pack_rows(rows, max_tokens) if packed else pad_rows(rows, max_tokens, pad_id)
+    if packed and sizes is not None:
+        batches = cheaper_layout(rows, max_tokens, pad_id, **sizes)
+    else:
+        batches = pack_rows(rows, max_tokens) if packed else pad_rows(rows, max_tokens, pad_id)
     n_tokens = float(sum(mb.num_loss_tokens for mb in batches))
     total = 0.0
     for mb in batches:
@@ -462,10 +468,11 @@ def _packed_vs_naive(model_dir: Path, tokenizer: Any, sizes: Sizes) -> dict[str,
     assert stats.naive_tokens == sum(len(r) for r in naive_rows), "one row per step is the naive layout"
     model, optimizer = _policy(model_dir)
     loss_config, pad_id = LossConfig(), int(tokenizer.pad_token_id or 0)
+    auto = _auto_layout(model)
 
     def step(rows: Sequence[Any]) -> Callable[[], None]:
         def run() -> None:
-            ctxrl_backward(model, rows, packed=True, pad_id=pad_id, loss_config=loss_config)
+            ctxrl_backward(model, rows, pad_id=pad_id, loss_config=loss_config, **auto)
             _optimizer_step(model, optimizer)
 
         return run
@@ -482,12 +489,21 @@ def _packed_vs_naive(model_dir: Path, tokenizer: Any, sizes: Sizes) -> dict[str,
     }
 
 
+def _auto_layout(model: Any) -> dict[str, Any]:
+    """The layout the trainer's ``packing: auto`` gives ``model``: packed or padded per update, by FLOPs,
+    where the model honours packing; padded otherwise."""
+    from ctxrl.train.grpo import layout_sizes
+    from ctxrl.train.logprobs import packing_supported
+
+    packed = packing_supported(model)
+    return {"packed": packed, "sizes": layout_sizes(model) if packed else None}
+
+
 def _ctxrl_vs_trl(model_dir: Path, tokenizer: Any, sizes: Sizes, tmp: Path) -> dict[str, float]:
     import torch
 
     from ctxrl.rewards.advantages import AdvantageConfig
     from ctxrl.train.credit import CreditConfig, assign_credit
-    from ctxrl.train.logprobs import packing_supported
     from ctxrl.train.loss import LossConfig
     from ctxrl.train.rows import episode_rows
 
@@ -507,7 +523,7 @@ def _ctxrl_vs_trl(model_dir: Path, tokenizer: Any, sizes: Sizes, tmp: Path) -> d
         _optimizer_step(trainer.model, trl_optimizer)
 
     model, optimizer = _policy(model_dir)
-    packed = packing_supported(model)  # what the trainer's ``packing: auto`` picks
+    auto = _auto_layout(model)
     episodes = parity_episodes(batch)
     credit_config = CreditConfig(advantages=AdvantageConfig(w_eff=0.0, scale_by_std=False))
     loss_config = LossConfig(epsilon_low=0.2, epsilon_high=0.28, kl_coef=0.0, tis_cap=None)
@@ -521,13 +537,14 @@ def _ctxrl_vs_trl(model_dir: Path, tokenizer: Any, sizes: Sizes, tmp: Path) -> d
                 for i, (ep, c) in enumerate(zip(episodes, credit))
                 for r in episode_rows(ep, c.steps, episode_index=i)
             ]
-            ctxrl_backward(model, rows, packed=layout_packed, pad_id=pad_id, loss_config=loss_config)
+            layout = auto if layout_packed else {"packed": False}
+            ctxrl_backward(model, rows, pad_id=pad_id, loss_config=loss_config, **layout)
             _optimizer_step(model, optimizer)
 
         return run
 
     ctxrl_s, padded_s, trl_s = _alternate(
-        [ctxrl_step(packed), ctxrl_step(False), trl_step], sizes.repeats, warmup=1
+        [ctxrl_step(True), ctxrl_step(False), trl_step], sizes.repeats, warmup=1
     )
     return {
         "ctxrl_vs_trl_step_time": ctxrl_s / trl_s,

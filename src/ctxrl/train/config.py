@@ -95,7 +95,9 @@ class TrainConfig:
     alone). Every microbatch of an update accumulates into it (gradient accumulation by token budget), so
     this bounds memory, not the batch size."""
     packing: Literal["auto", "packed", "padded"] = "auto"
-    """``auto`` checks once whether the model honours position-id packing and pads otherwise."""
+    """``auto`` checks once whether the model honours position-id packing (pads otherwise) and then gives each
+    update the packed or the padded layout, whichever prices lower in FLOPs (``rows.cheaper_layout``: rows of
+    alike lengths pad better, since a packed line computes attention across its rows too)."""
     lora: LoraSettings = field(default_factory=LoraSettings)
     """LoRA adapter settings."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"

@@ -67,7 +67,7 @@ from ctxrl.train.engines.base import Engine, SamplingConfig
 from ctxrl.train.logprobs import packing_supported, token_logprobs
 from ctxrl.train.loss import LossStats, policy_loss, token_mean_scale
 from ctxrl.train.rollout import RolloutConfig, rollout
-from ctxrl.train.rows import Microbatch, Row, episode_rows, pack_rows, pad_rows, row_stats
+from ctxrl.train.rows import Microbatch, Row, cheaper_layout, episode_rows, pack_rows, pad_rows, row_stats
 from ctxrl.train.tracking import NoTracker, Tracker, make_tracker
 from ctxrl.train.trajectory import EpisodeRecord
 
@@ -216,6 +216,8 @@ def train(
     model, optimizer = acc.prepare(model, optimizer)
     policy = acc.unwrap_model(model)
     packed = config.packing == "packed" or (config.packing == "auto" and packing_supported(policy))
+    # auto: each update takes the packed or the padded layout, whichever its rows make cheaper
+    sizes = layout_sizes(policy) if config.packing == "auto" and packed else None
     pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
     start = load_checkpoint(out, policy, optimizer, rank) if resume else 0
     if start > 0:
@@ -265,7 +267,7 @@ def train(
         model.train()
         t1 = time.perf_counter()
         parts = _split_by_episode(rows, config.updates_per_rollout)
-        layouts = [_microbatches(part, config, packed, pad_id) for part in parts]
+        layouts = [_microbatches(part, config, packed, pad_id, sizes) for part in parts]
         olds = _old_logprobs(model, layouts, acc.device) if config.updates_per_rollout > 1 else None
         stats, entropy_sum, grad_norms = LossStats(), 0.0, []
         for u, batches in enumerate(layouts):
@@ -342,7 +344,9 @@ def train(
                 "time/train_s": train_s,
                 "time/sync_s": sync_s,
                 "time/step_s": time.perf_counter() - t0,
-                "cost/packed": float(packed),
+                "cost/packed": float(
+                    np.mean([mb.kind == "packed" for mbs in layouts for mb in mbs] or [0.0])
+                ),
             }
         )
         history.append(metrics)
@@ -450,7 +454,26 @@ def _split_by_episode(rows: Sequence[Row], parts: int) -> list[list[Row]]:
     return out
 
 
-def _microbatches(rows: Sequence[Row], config: TrainConfig, packed: bool, pad_id: int) -> list[Microbatch]:
+def layout_sizes(model: Any) -> dict[str, int] | None:
+    """What :func:`cheaper_layout` prices a layout with: the linear parameters a token passes through (the
+    body and the LM head), layers and query width; None (always pack) when the geometry is unknown."""
+    geometry = _geometry(model)
+    if geometry is None:
+        return None
+    head = model.get_output_embeddings()
+    head_params = int(head.weight.numel()) if head is not None else 0
+    return {
+        "linear_params": geometry.n_body + head_params,
+        "n_layers": geometry.n_layers,
+        "attn_width": geometry.attn_width,
+    }
+
+
+def _microbatches(
+    rows: Sequence[Row], config: TrainConfig, packed: bool, pad_id: int, sizes: dict[str, int] | None = None
+) -> list[Microbatch]:
+    if packed and sizes is not None:
+        return cheaper_layout(rows, config.max_tokens_per_microbatch, pad_id, **sizes)
     if packed:
         return pack_rows(rows, config.max_tokens_per_microbatch)
     return pad_rows(rows, config.max_tokens_per_microbatch, pad_id)

@@ -322,3 +322,35 @@ def pad_rows(rows: Sequence[Row], max_tokens: int, pad_id: int) -> list[Microbat
             )
         )
     return out
+
+
+def forward_flops(
+    batches: Sequence[Microbatch], *, linear_params: int, n_layers: int, attn_width: int
+) -> float:
+    """Estimated FLOPs of one forward pass over ``batches``: ``2·linear_params`` per token through the model
+    (padding included) plus the attention scores of every line, ``4·n_layers·attn_width·T²`` — a packed line
+    pays for the pairs across its rows too, since the block mask hides them but the kernel still computes
+    them.
+
+    >>> a = Row([1, 2, 3], [0, 0, 1], [0, 0, -0.5], [0, 0, 2.0], [0, 0, 0], [(2, 3)], 0, 0, (0,))
+    >>> forward_flops(pack_rows([a, a], 8), linear_params=10, n_layers=1, attn_width=1)  # 2*10*6 + 4*36
+    264.0
+    >>> forward_flops(pad_rows([a, a], 8, 0), linear_params=10, n_layers=1, attn_width=1)  # 2*10*6 + 4*2*9
+    192.0
+    """
+    total = 0.0
+    for mb in batches:
+        lines, width = mb.input_ids.shape
+        total += lines * (2.0 * linear_params * width + 4.0 * n_layers * attn_width * width * width)
+    return total
+
+
+def cheaper_layout(
+    rows: Sequence[Row], max_tokens: int, pad_id: int, *, linear_params: int, n_layers: int, attn_width: int
+) -> list[Microbatch]:
+    """The packed or the padded layout of ``rows``, whichever :func:`forward_flops` prices lower (ties:
+    packed). Packing wins when rows differ in length (no padding); padding wins when they are alike, since
+    a packed line also computes the attention between its rows."""
+    sizes = {"linear_params": linear_params, "n_layers": n_layers, "attn_width": attn_width}
+    packed, padded = pack_rows(rows, max_tokens), pad_rows(rows, max_tokens, pad_id)
+    return padded if forward_flops(padded, **sizes) < forward_flops(packed, **sizes) else packed
