@@ -128,6 +128,27 @@ def test_bad_family_seed_split_and_difficulty_errors() -> None:
         make_task("repo", -1)
 
 
+def test_the_short_curriculum_level_is_retention_only_and_small(tmp_path: Path) -> None:
+    from ctxrl.commands.config import load_run_config
+    from ctxrl.errors import ConfigError
+
+    task = make_task("retention", 7, "short")
+    outputs = _observe(task, tmp_path)
+    assert len(outputs) == 4 and outputs[0].startswith("=== registry log, part 1/4 ===")
+    assert len(task.verifier.expected) == 2 and sum(len(o) for o in outputs) < 4000  # ~1k tokens of log
+    assert task.verifier.verify(task.metadata["oracle_answer"]).success
+    assert (
+        load_run_config(None, ["tasks.families=[retention]", "tasks.difficulty=short"]).tasks.difficulty
+        == "short"
+    )
+    with pytest.raises(
+        ConfigError, match=r"difficulty 'short' exists only for retention; board, offload, repo, res"
+    ):
+        load_run_config(None, ["tasks.difficulty=short"])  # every family
+    with pytest.raises(TaskError, match=r"family 'board' has no difficulty 'short'"):
+        make_task("board", 1, "short")
+
+
 def test_builtin_source_is_a_task_source_balanced_over_families() -> None:
     source = BuiltinTaskSource(["retention", "board"])
     assert isinstance(source, TaskSource)

@@ -24,9 +24,9 @@ import yaml
 
 from ctxrl.config import load_config
 from ctxrl.env.config import HarnessConfig
-from ctxrl.env.tasks.registry import DIFFICULTIES, FAMILIES
+from ctxrl.env.tasks.registry import FAMILIES, check_difficulty
 from ctxrl.env.tasks.splits import SPLIT_RANGES
-from ctxrl.errors import ConfigError
+from ctxrl.errors import ConfigError, TaskError
 from ctxrl.evolve.config import EvolveConfig
 from ctxrl.rewards.advantages import AdvantageConfig
 from ctxrl.train.config import TrainConfig
@@ -44,7 +44,10 @@ def _check_names(kind: str, names: Sequence[str], valid: Sequence[str]) -> None:
 def _check_tasks(families: Sequence[str], split: str, difficulty: str) -> None:
     _check_names("family", families, list(FAMILIES))
     _check_names("split", [split], list(SPLIT_RANGES))
-    _check_names("difficulty", [difficulty], list(DIFFICULTIES))
+    try:
+        check_difficulty(families, difficulty)
+    except TaskError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,30 @@ FAMILIES: dict[str, Generator] = {
 }
 """Family name → generator ``(seed, difficulty) -> Task``."""
 
-DIFFICULTIES = ("easy", "default", "hard")
+LEVELS: dict[str, tuple[str, ...]] = {
+    name: tuple(module.PRESETS) for name, module in (
+        ("retention", retention), ("board", board), ("offload", offload), ("repo", repo), ("research", research)
+    )
+}  # fmt: skip
+"""Family name → its difficulty levels. Every family has ``easy``, ``default`` and ``hard``; ``short`` (a
+curriculum level of ~1k-token contexts for training small models) exists where a family defines it."""
+
+DIFFICULTIES = ("short", "easy", "default", "hard")
+"""Every level of some family (:data:`LEVELS` says which family has which)."""
+
+
+def check_difficulty(families: Sequence[str], difficulty: str) -> None:
+    """:class:`TaskError` unless every family of ``families`` (all of them when empty) has ``difficulty``."""
+    if difficulty not in DIFFICULTIES:
+        raise TaskError(f"unknown difficulty {difficulty!r}; difficulties: {', '.join(DIFFICULTIES)}")
+    lacking = [f for f in (families or FAMILIES) if f in LEVELS and difficulty not in LEVELS[f]]
+    if lacking:
+        having = [f for f, levels in LEVELS.items() if difficulty in levels]
+        raise TaskError(
+            f"difficulty {difficulty!r} exists only for {', '.join(having)}; {', '.join(lacking)} "
+            f"{'has' if len(lacking) == 1 else 'have'} {', '.join(LEVELS[lacking[0]])}: choose the families "
+            "(tasks.families=[...]) or another difficulty"
+        )
 
 
 def _generator(family: str) -> Generator:
@@ -129,8 +152,10 @@ def to_dataset(family: str, split: str, n: int, difficulty: str = "default") -> 
 __all__ = [
     "DIFFICULTIES",
     "FAMILIES",
+    "LEVELS",
     "SPLIT_RANGES",
     "BuiltinTaskSource",
+    "check_difficulty",
     "from_dataset_row",
     "make_task",
     "split_seeds",

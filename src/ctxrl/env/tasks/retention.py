@@ -39,6 +39,8 @@ class Knobs:
 
 
 PRESETS = {
+    # a curriculum level for small models: ~1k-token contexts, four parts, two targets, no rotation
+    "short": Knobs(n_chunks=4, lines_per_chunk=8, n_targets=2, rotations=0, budget_tokens=1500, max_steps=10),
     "easy": Knobs(
         n_chunks=10, lines_per_chunk=14, n_targets=3, rotations=0, budget_tokens=3000, max_steps=24
     ),
@@ -75,7 +77,7 @@ def _time_lines(r: random.Random, n: int, start: int) -> list[int]:
 
 
 def generate(seed: int, difficulty: str = "default") -> Task:
-    """The retention task for ``seed`` at ``difficulty`` (``easy`` / ``default`` / ``hard``)."""
+    """The retention task for ``seed`` at ``difficulty`` (``short`` / ``easy`` / ``default`` / ``hard``)."""
     k = _gen.pick_preset(PRESETS, FAMILY, difficulty)
     r = _gen.rng(FAMILY, seed, difficulty)
     total_lines = k.n_chunks * k.lines_per_chunk
