@@ -87,6 +87,7 @@ def test_summary_math_by_hand() -> None:
     assert row["success"] == pytest.approx(2 / 3)
     assert row["success_se"] == pytest.approx(((2 / 3) * (1 / 3) / 3) ** 0.5)
     assert (row["cost"], row["edits"], row["receipts/applied"]) == (3e9, 1.0, 1.0)
+    assert row["cost_per_success"] == pytest.approx(9e9 / 2) and row["score"] == pytest.approx(2 / 3)
     table = {"file-manager": {"board": row, "overall": row}}
     assert flat_metrics(table)["cost/file-manager/board"] == 3e9
     assert "| file-manager | board | 3 | 0.67 ± 0.27 | 1,000 | 3.0 | 1.0 | 0.0 | 1.0 |" in markdown(table)

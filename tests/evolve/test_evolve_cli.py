@@ -1,4 +1,4 @@
-"""``ctxrl evolve`` end to end on a CPU: the skill-reading scripted manager, the offline proposer, one round;
+"""``ctxrl evolve`` end to end on a CPU: the skill-reading scripted manager, the offline proposer, two rounds;
 everything in SQLite; a kill -9 of the real CLI process mid-round loses nothing graded and the resumed run ends
 in the uninterrupted run's state."""
 
@@ -28,7 +28,7 @@ SEED = ROOT / "configs" / "skills" / "file_compact90.md"
 def _args(out: Path) -> list[str]:
     return [
         "evolve", "--config", str(ROOT / "configs" / "evolve_tiny.yaml"), "--out", str(out),
-        f"evolve.seed_skill={SEED}", "tasks.families=[board,retention]", "evolve.rounds=1",
+        f"evolve.seed_skill={SEED}", "tasks.families=[board,retention]", "evolve.rounds=2",
         "evolve.train_tasks=4", "evolve.dev_tasks=2", "evolve.test_tasks=1", "evolve.proposals=2",
         "evolve.gate.alpha=0.5", "evolve.gate.look_every=1", "evolve.gate.min_tasks=1",
     ]  # fmt: skip
@@ -64,7 +64,7 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
-def test_one_round_end_to_end_records_everything(clean: Path) -> None:
+def test_two_rounds_end_to_end_record_everything(clean: Path) -> None:
     with Lineage.open(clean, mode="file") as lin:
         seed = lin.seed()
         assert compact_percent(seed.body) == 90 and seed.body == parse_skill(SEED.read_text()).body
@@ -73,7 +73,7 @@ def test_one_round_end_to_end_records_everything(clean: Path) -> None:
         assert [compact_percent(c.skill.body) for c in cands] == [80, 70]
         assert all(c.skill.parent == seed.id and c.skill.targets for c in cands)
         assert all(c.status in ("accepted", "rejected") and c.decision is not None for c in cands)
-        assert lin.round_finished(1)
+        assert lin.round_finished(1) and lin.round_finished(2)
         accepted = [c for c in cands if c.status == "accepted"]
         assert lin.incumbent().id == (accepted[0].skill.id if accepted else seed.id) or len(accepted) > 1
         assert parse_skill((clean / BEST).read_text()) == lin.incumbent()
@@ -90,7 +90,8 @@ def test_one_round_end_to_end_records_everything(clean: Path) -> None:
         assert test_skills == {seed.id, lin.incumbent().id}
         assert {k[2] for k in _episodes(clean) if k[1] == "test"} == {0}
     summary = json.loads((clean / "evolve.json").read_text())
-    assert summary["rounds_finished"] == 1 and summary["test"]["seed"]["skill"] == seed.id
+    assert summary["rounds_finished"] == 2 and summary["test"]["seed"]["skill"] == seed.id
+    assert [row["round"] for row in summary["rounds"]] == [1, 2]
     assert (clean / "rounds" / "1" / "notes.md").read_text().startswith("### note n1")
     assert "| 1 |" in (clean / "report.md").read_text()
 

@@ -50,6 +50,7 @@ def episode_row(ep: EpisodeRecord) -> dict[str, Any]:
         "family": ep.family,
         "mode": ep.mode,
         "success": ep.success,
+        "score": ep.score,
         "reason": ep.end_reason,
         "verdict": ep.verdict,
         "steps": sum(not s.free_turn for s in ep.steps),
@@ -66,7 +67,8 @@ def episode_row(ep: EpisodeRecord) -> dict[str, Any]:
 
 
 def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """Per-episode means of a group of episodes, success with its binomial standard error."""
+    """Per-episode means of a group of episodes, success with its binomial standard error, the graded score,
+    and ``cost_per_success`` (the group's FLOPs over its successes; 0 when none succeeded)."""
     n = len(rows)
     if n == 0:
         return {"episodes": 0.0}
@@ -78,6 +80,9 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
         "tokens": sum(r["prompt_tokens"] for r in rows) / n,
         "cost": sum(r["cost_flops"] for r in rows) / n,
         "cost_tokens": sum(r["cost_tokens"] for r in rows) / n,
+        "score": sum(r.get("score", float(r["success"])) for r in rows) / n,
+        # compute per success: all the group's compute over its successes (0 when nothing succeeded)
+        "cost_per_success": sum(r["cost_flops"] for r in rows) / (p * n) if p else 0.0,
         "edits": sum(r["edits"] for r in rows) / n,
         "rollbacks": sum(r["rollbacks"] for r in rows) / n,
     }
