@@ -214,6 +214,8 @@ def _add_evolve(sub: argparse._SubParsersAction[Any]) -> None:
         default=None,
         help="end the rounds this many hours after the night's first start",
     )
+    p.add_argument("--model", default=None, help="model folder or registry name (sets model=)")
+    _add_shortcuts(p)
     p.set_defaults(run="ctxrl.commands.evolve:run_evolve")
 
 
