@@ -8,7 +8,7 @@
     ctxrl train --config configs/train_tiny.yaml [KEY=VALUE ...] --out runs/train [--overwrite] [--resume]
     ctxrl sft --config configs/sft_tiny.yaml [KEY=VALUE ...] --demos runs/demos/trajectories.jsonl --out runs/sft
     ctxrl bench NAME [--json FILE]
-    ctxrl evolve --config configs/evolve_tiny.yaml [KEY=VALUE ...] --out runs/evolve [--resume]
+    ctxrl evolve --config configs/evolve_tiny.yaml [KEY=VALUE ...] --out runs/evolve [--resume] [--optimizer gepa]
     ctxrl export --run runs/X [--step N] --out DIR [--adapter-only]
 
 This module parses and dispatches; every subcommand's implementation lives in :mod:`ctxrl.commands`.
@@ -195,6 +195,12 @@ def _add_evolve(sub: argparse._SubParsersAction[Any]) -> None:
     _add_out(p, "runs/evolve")
     p.add_argument(
         "--resume", action="store_true", help="continue the run in --out (start it if --out is empty)"
+    )
+    p.add_argument(
+        "--optimizer",
+        choices=("ctxrl", "gepa"),
+        default="ctxrl",
+        help="ctxrl: notes, proposals and the held-out gate (default); gepa: the GEPA baseline, same budget",
     )
     p.set_defaults(run="ctxrl.commands.evolve:run_evolve")
 
