@@ -52,7 +52,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from statistics import fmean
-from typing import Any
+from typing import Any, cast
 
 from ctxrl.env.tasks.base import Task
 from ctxrl.evolve.config import EvolveConfig
@@ -306,7 +306,7 @@ class SkillAdapter:
                     )
                 runs[i].append(record)
             self.episodes += len(records)
-        outputs = [
+        outputs: list[dict[str, Any]] = [
             {
                 "task": inst.task.task_id,
                 "repeats": list(inst.repeats),
@@ -396,11 +396,13 @@ def run_gepa(
     try:
         seed_skill = loop.lineage.seed()
         adapter = SkillAdapter(runner, proposer, seed=seed_skill, config=config, log=log)
-        result = gepa.optimize(
+        result: Any = gepa.optimize(
             seed_candidate={COMPONENT: seed_skill.body},
             trainset=trainset,
             valset=valset,
-            adapter=adapter,
+            # gepa's protocol declares propose_new_texts as an optional attribute, which mypy does not match
+            # with a method; gepa itself only checks that it is there and not None
+            adapter=cast(Any, adapter),
             candidate_selection_strategy="pareto",
             # the ctxrl loop proposes from all-success tasks too (cost notes): so does GEPA here
             skip_perfect_score=False,
