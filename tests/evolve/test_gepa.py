@@ -323,3 +323,13 @@ def test_options_that_do_not_apply_are_one_line_errors(
     save_config(load_run_config(ROOT / "configs" / "evolve_tiny.yaml", _args(run)[5:]), run)
     err = _fails(["evolve", "--out", str(run), "--resume", "--optimizer", "gepa"], capsys)
     assert "is a run of --optimizer ctxrl, not gepa" in err
+
+
+def test_a_missing_gepa_package_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from ctxrl.evolve.gepa_adapter import require_gepa
+
+    monkeypatch.setitem(sys.modules, "gepa", None)  # what an import of an absent package raises: ImportError
+    with pytest.raises(EvolveError, match=r"needs the gepa package .*pip install gepa==0.1.4"):
+        require_gepa()

@@ -110,9 +110,10 @@ def _check_optimizer(config: RunConfig, optimizer: str) -> None:
             "minibatch); leave the evolve.gate settings at their defaults"
         )
     if optimizer == "gepa":
-        from ctxrl.evolve.gepa_adapter import check_budget
+        from ctxrl.evolve.gepa_adapter import check_budget, require_gepa
 
-        check_budget(config.evolve)  # before an engine starts
+        require_gepa()  # before an engine starts
+        check_budget(config.evolve)
 
 
 def _check(config: RunConfig) -> None:

@@ -363,6 +363,17 @@ def check_budget(config: EvolveConfig) -> tuple[int, int]:
     return budget, worst
 
 
+def require_gepa() -> Any:
+    """The ``gepa`` module, or :class:`~ctxrl.evolve.loop.EvolveError` saying how to install it."""
+    try:
+        import gepa
+    except ImportError:
+        raise EvolveError(
+            "--optimizer gepa needs the gepa package (a ctxrl dependency): pip install gepa==0.1.4"
+        ) from None
+    return gepa
+
+
 # ------------------------------------------------------------------------------ the run
 
 
@@ -381,8 +392,7 @@ def run_gepa(
 ) -> dict[str, Any]:
     """Run (or resume, from ``run_dir/gepa``) GEPA on the skill, then the test comparison of its best
     candidate with the seed; return the summary (also ``evolve.json``; see the module docstring)."""
-    import gepa
-
+    gepa = require_gepa()
     run_dir = Path(run_dir)
     budget, worst = check_budget(config)
     trainset = train_instances(config, families, difficulty)
