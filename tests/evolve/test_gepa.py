@@ -264,7 +264,7 @@ def _args(out: Path, *extra: str) -> list[str]:
 
 @pytest.mark.slow
 def test_cli_gepa_end_to_end_with_the_scripted_skill_reading_policy(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from ctxrl.evolve.loop import RolloutRunner
 
@@ -295,6 +295,15 @@ def test_cli_gepa_end_to_end_with_the_scripted_skill_reading_policy(
     assert best.id in proposed and SEED.id in proposed
     assert best == SEED or best.parent is not None
     assert (out / "gepa" / "gepa_state.bin").exists() and (out / "config.yaml").exists()
+    # --resume continues it from GEPA's state: the budget is spent, so only GEPA's re-evaluation of the seed on
+    # the 2 dev tasks runs (counted); the test episodes are recorded already. A ctxrl resume of it is refused.
+    ran.clear()
+    assert main([*_args(out), "--resume", "--optimizer", "gepa"]) == 0
+    again = json.loads((out / "evolve.json").read_text())
+    assert [split for split, _ in ran] == ["dev", "dev"]
+    assert again["episodes_run"] == summary["episodes_run"] + 2 and again["test"] == summary["test"]
+    capsys.readouterr()
+    assert "is a run of --optimizer gepa, not ctxrl" in _fails([*_args(out), "--resume"], capsys)
 
 
 def _fails(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
