@@ -8,7 +8,7 @@
     ctxrl train --config configs/train_tiny.yaml [KEY=VALUE ...] --out runs/train [--overwrite] [--resume]
     ctxrl sft --config configs/sft_tiny.yaml [KEY=VALUE ...] --demos runs/demos/trajectories.jsonl --out runs/sft
     ctxrl bench NAME [--json FILE]
-    ctxrl evolve --config configs/evolve_tiny.yaml [KEY=VALUE ...] --out runs/evolve [--resume]
+    ctxrl evolve --config configs/evolve_tiny.yaml [KEY=VALUE ...] --out runs/evolve [--resume] [--optimizer gepa]
     ctxrl export --run runs/X [--step N] --out DIR [--adapter-only]
 
 This module parses and dispatches; every subcommand's implementation lives in :mod:`ctxrl.commands`.
@@ -213,6 +213,12 @@ def _add_evolve(sub: argparse._SubParsersAction[Any]) -> None:
         type=float,
         default=None,
         help="end the rounds this many hours after the night's first start",
+    )
+    p.add_argument(
+        "--optimizer",
+        choices=("ctxrl", "gepa"),
+        default="ctxrl",
+        help="ctxrl: notes, proposals and the held-out gate (default); gepa: the GEPA baseline, same budget",
     )
     p.add_argument("--model", default=None, help="model folder or registry name (sets model=)")
     _add_shortcuts(p)

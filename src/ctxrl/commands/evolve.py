@@ -4,11 +4,12 @@
     ctxrl evolve --config configs/evolve_tiny.yaml --out runs/evolve --resume   # continue it after a crash
     ctxrl evolve --out runs/evolve --resume evolve.rounds=6                      # extend it, stored config
     touch runs/evolve/STOP                                                      # end it after the current batch
-      ctxrl evolve --config configs/evolve/overnight.yaml --out runs/night --hours 10 --resume  # a night
+    ctxrl evolve --config configs/evolve_tiny.yaml --out runs/evolve_gepa --optimizer gepa   # the GEPA baseline
+    ctxrl evolve --config configs/evolve/overnight.yaml --out runs/night --hours 10 --resume  # a night
 
 ``--hours H`` ends the rounds H hours after the run's first start (kept in ``night.json``, so a restart after a
 crash does not extend the night; a rerun with another H moves the end, still counted from that first start),
-after the batch in flight, as a STOP file does; the test comparison then runs.
+after the batch in flight, as a STOP file does; the test comparison then runs (``--optimizer ctxrl`` only).
 
 Writes into ``--out``: ``lineage.sqlite`` (every skill, graded episode and gate decision), ``best_skill/SKILL.md``
 (always the incumbent), ``config.yaml`` (the resolved run config), ``rounds/<r>/notes.md`` (what the proposer
@@ -17,6 +18,11 @@ read), ``report.md`` (rewritten after every round) and ``evolve.json`` (the summ
 ``--resume`` continues the run in ``--out`` (or starts one if the folder is empty or missing). Without
 ``--config`` and overrides it uses the stored ``config.yaml``; with them, the config must equal the stored one
 except ``evolve.rounds``, ``rollout.workers`` and the proposer's endpoint settings.
+
+``--optimizer gepa`` runs the GEPA baseline instead (:mod:`ctxrl.evolve.gepa_adapter`): the same tasks, policy,
+proposer and episode budget through the ``gepa`` package, the same test comparison; ``evolve.gate`` does not
+apply to it and ``evolve.gepa_budget`` applies only to it. Its run folder holds ``gepa/`` (GEPA's state) and a
+run is resumed with ``--resume --optimizer gepa``.
 """
 
 from __future__ import annotations
@@ -78,8 +84,14 @@ def resume_config(args: argparse.Namespace, out: Path) -> RunConfig:
 def run_evolve(args: argparse.Namespace) -> int:
     """Entry point of ``ctxrl evolve`` (see the module docstring)."""
     out: Path = args.out
+    optimizer: str = getattr(args, "optimizer", "ctxrl")
     existing = (out / "lineage.sqlite").exists() and (out / "config.yaml").exists()
     if args.resume and existing:
+        from ctxrl.evolve.gepa_adapter import GEPA_DIR
+
+        found = "gepa" if (out / GEPA_DIR).is_dir() else "ctxrl"
+        if found != optimizer:
+            raise UsageError(f"--resume: {out} is a run of --optimizer {found}, not {optimizer}")
         config = resume_config(args, out)
     elif args.resume and out.is_dir() and not existing:
         # a run killed before its lineage store was made leaves only these; anything else is not ours
@@ -90,7 +102,10 @@ def run_evolve(args: argparse.Namespace) -> int:
         config = run_config(args)
         prepare_out(out, overwrite=args.overwrite)
     hours = getattr(args, "hours", None)
-    evolve_command(config, out, deadline=None if hours is None else night_deadline(out, hours))
+    if hours is not None and optimizer != "ctxrl":
+        raise UsageError("--hours bounds the ctxrl loop's rounds; GEPA's bound is its episode budget")
+    deadline = None if hours is None else night_deadline(out, hours)
+    evolve_command(config, out, optimizer=optimizer, deadline=deadline)
     return 0
 
 
@@ -113,6 +128,25 @@ def night_deadline(out: Path, hours: float) -> float:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"{path} is unreadable ({exc}); delete it to start the night's clock anew") from None
     return started + hours * 3600.0
+
+
+def _check_optimizer(config: RunConfig, optimizer: str) -> None:
+    from ctxrl.evolve.gate import CtxrlGate
+
+    if optimizer not in ("ctxrl", "gepa"):
+        raise UsageError(f"--optimizer must be ctxrl or gepa, not {optimizer!r}")
+    if optimizer == "ctxrl" and config.evolve.gepa_budget is not None:
+        raise UsageError("evolve.gepa_budget applies to --optimizer gepa only")
+    if optimizer == "gepa" and config.evolve.gate != CtxrlGate():
+        raise UsageError(
+            "evolve.gate applies to --optimizer ctxrl only (GEPA keeps a child that beats its parent on a train "
+            "minibatch); leave the evolve.gate settings at their defaults"
+        )
+    if optimizer == "gepa":
+        from ctxrl.evolve.gepa_adapter import check_budget, require_gepa
+
+        require_gepa()  # before an engine starts
+        check_budget(config.evolve)
 
 
 def _check(config: RunConfig) -> None:
@@ -185,9 +219,12 @@ def _proposer(config: RunConfig, engine: Any, tokenizer: Any) -> Any:
     return ChatProposer(engine_complete(engine, tokenizer, sampling))
 
 
-def evolve_command(config: RunConfig, out: Path, *, deadline: float | None = None) -> dict[str, Any]:
-    """Run (or resume) the evolution ``config`` describes in ``out``; return the summary. No new batch starts
-    after the Unix time ``deadline`` (None: no limit)."""
+def evolve_command(
+    config: RunConfig, out: Path, optimizer: str = "ctxrl", *, deadline: float | None = None
+) -> dict[str, Any]:
+    """Run (or resume) the evolution ``config`` describes in ``out`` with ``optimizer`` (``ctxrl``: the
+    gated loop; ``gepa``: the GEPA baseline); return the summary. No new batch of the ctxrl loop starts after
+    the Unix time ``deadline`` (None: no limit)."""
     from dataclasses import replace
 
     from ctxrl.env.policies import POLICY_MODES, make_policy
@@ -197,6 +234,7 @@ def evolve_command(config: RunConfig, out: Path, *, deadline: float | None = Non
     from ctxrl.train.engines.scripted import text_policy
 
     _check(config)
+    _check_optimizer(config, optimizer)
     seed = _seed_skill(config)
     out.mkdir(parents=True, exist_ok=True)
     save_config(config, out)
@@ -228,6 +266,8 @@ def evolve_command(config: RunConfig, out: Path, *, deadline: float | None = Non
         geometry=price,
         workdir=out / "workspaces",
     )
+    if optimizer == "gepa":
+        return _gepa(config, out, runner, _proposer(config, base, tokenizer), seed, base)
     loop = EvolveLoop(
         out,
         config.evolve,
@@ -255,4 +295,38 @@ def evolve_command(config: RunConfig, out: Path, *, deadline: float | None = Non
     )
     print(f"  best skill  {out / 'best_skill' / 'SKILL.md'}")
     print(f"  report      {out / 'report.md'}")
+    return summary
+
+
+def _gepa(config: RunConfig, out: Path, runner: Any, proposer: Any, seed: Any, base: Any) -> dict[str, Any]:
+    """``--optimizer gepa``: :func:`ctxrl.evolve.gepa_adapter.run_gepa` on the runner and proposer the ctxrl loop
+    would use."""
+    from ctxrl.env.tasks.registry import FAMILIES
+    from ctxrl.evolve.gepa_adapter import run_gepa
+
+    try:
+        summary = run_gepa(
+            out,
+            config.evolve,
+            mode=config.rollout.mode,
+            families=list(config.tasks.families) or list(FAMILIES),
+            difficulty=config.tasks.difficulty,
+            runner=runner,
+            proposer=proposer,
+            seed=seed,
+            engine_seed=config.engine.seed,
+        )
+    finally:
+        base.close()
+        if (out / "workspaces").is_dir() and not any((out / "workspaces").iterdir()):
+            (out / "workspaces").rmdir()
+    t = summary["test"]
+    print(
+        f"evolve (gepa) done: {summary['episodes_run']} of {summary['budget']} episodes; "
+        f"{summary['accepted']} candidates kept of {summary['proposer']['proposed']} proposed; best "
+        f"{summary['incumbent']} (seed {summary['seed']}); test success {t['seed']['success']:.1%} -> "
+        f"{t['final']['success']:.1%}"
+    )
+    print(f"  best skill  {out / 'best_skill' / 'SKILL.md'}")
+    print(f"  summary     {out / 'evolve.json'}")
     return summary

@@ -68,6 +68,12 @@ class EvolveConfig:
     (:class:`ctxrl.env.policies.ScriptedPolicy`), the stand-in for a sampled model's variation; repeat ``r`` draws
     with seed ``engine.seed + r``, the same for every skill (common random numbers)."""
 
+    gepa_budget: int | None = None
+    """``ctxrl evolve --optimizer gepa`` only: the episodes GEPA may spend on train and dev tasks (its
+    ``max_metric_calls``); None: what the ctxrl loop with this config plans,
+    ``rounds * (train_tasks * train_repeats + (proposals + 1) * dev_tasks * repeats)`` (see
+    :func:`ctxrl.evolve.gepa_adapter.planned_episodes`)."""
+
     def __post_init__(self) -> None:
         for name in ("rounds", "proposals", "train_tasks", "dev_tasks", "repeats", "test_tasks", "max_notes"):
             if getattr(self, name) < 1:
@@ -78,6 +84,8 @@ class EvolveConfig:
             )
         if self.max_chars < 1 or self.proposer_timeout_s <= 0 or self.proposer_retries < 0:
             raise ConfigError("max_chars must be >= 1, proposer_timeout_s > 0 and proposer_retries >= 0")
+        if self.gepa_budget is not None and self.gepa_budget < 1:
+            raise ConfigError(f"gepa_budget must be >= 1 (episodes) or null, got {self.gepa_budget}")
         if not 0.0 <= self.policy_jitter < 1.0:
             raise ConfigError(f"policy_jitter must be in [0, 1), got {self.policy_jitter}")
         if self.proposer == "openai" and (not self.proposer_url or not self.proposer_model):

@@ -326,12 +326,13 @@ class EvolveLoop:
         self.log(f"round {r}: " + (f"{winner} is the new incumbent" if winner else f"{inc.id} stays"))
         return True
 
-    def final_test(self) -> dict[str, Any]:
-        """The final incumbent and the seed skill on the test split's first ``test_tasks`` (the only reader
-        of the test split)."""
+    def final_test(self, final: Skill | None = None) -> dict[str, Any]:
+        """The final incumbent (or ``final``, another optimiser's result: the GEPA baseline's best candidate)
+        and the seed skill on the test split's first ``test_tasks`` (the only reader of the test split)."""
         self.final_phase = True
         lin, cfg = self.lineage, self.config
-        seed, final = lin.seed(), lin.incumbent()
+        seed = lin.seed()
+        final = lin.incumbent() if final is None else final
         tasks = self.tasks("test", TEST_ROUND)
         skills = [seed] if final.id == seed.id else [seed, final]
         jobs = [
