@@ -266,23 +266,23 @@ def evolve_command(
         geometry=price,
         workdir=out / "workspaces",
     )
-    if optimizer == "gepa":
-        return _gepa(config, out, runner, _proposer(config, base, tokenizer), seed, base)
-    loop = EvolveLoop(
-        out,
-        config.evolve,
-        mode=config.rollout.mode,
-        families=list(config.tasks.families) or list(FAMILIES),
-        difficulty=config.tasks.difficulty,
-        runner=runner,
-        proposer=_proposer(config, base, tokenizer),
-        seed=seed,
-        deadline=deadline,
-    )
+    shared = {
+        "mode": config.rollout.mode,
+        "families": list(config.tasks.families) or list(FAMILIES),
+        "difficulty": config.tasks.difficulty,
+        "runner": runner,
+        "proposer": _proposer(config, base, tokenizer),
+        "seed": seed,
+    }  # what both optimisers get: the same tasks, policy, proposer and seed skill
     try:
-        summary = loop.run()
+        if optimizer == "gepa":
+            return _gepa(config, out, shared)
+        loop = EvolveLoop(out, config.evolve, deadline=deadline, **shared)
+        try:
+            summary = loop.run()
+        finally:
+            loop.close()
     finally:
-        loop.close()
         base.close()
         if (out / "workspaces").is_dir() and not any((out / "workspaces").iterdir()):
             (out / "workspaces").rmdir()
@@ -298,28 +298,12 @@ def evolve_command(
     return summary
 
 
-def _gepa(config: RunConfig, out: Path, runner: Any, proposer: Any, seed: Any, base: Any) -> dict[str, Any]:
-    """``--optimizer gepa``: :func:`ctxrl.evolve.gepa_adapter.run_gepa` on the runner and proposer the ctxrl loop
-    would use."""
-    from ctxrl.env.tasks.registry import FAMILIES
+def _gepa(config: RunConfig, out: Path, shared: dict[str, Any]) -> dict[str, Any]:
+    """``--optimizer gepa``: :func:`ctxrl.evolve.gepa_adapter.run_gepa` with the tasks, runner, proposer and seed
+    skill (``shared``) the ctxrl loop would use."""
     from ctxrl.evolve.gepa_adapter import run_gepa
 
-    try:
-        summary = run_gepa(
-            out,
-            config.evolve,
-            mode=config.rollout.mode,
-            families=list(config.tasks.families) or list(FAMILIES),
-            difficulty=config.tasks.difficulty,
-            runner=runner,
-            proposer=proposer,
-            seed=seed,
-            engine_seed=config.engine.seed,
-        )
-    finally:
-        base.close()
-        if (out / "workspaces").is_dir() and not any((out / "workspaces").iterdir()):
-            (out / "workspaces").rmdir()
+    summary = run_gepa(out, config.evolve, engine_seed=config.engine.seed, **shared)
     t = summary["test"]
     print(
         f"evolve (gepa) done: {summary['episodes_run']} of {summary['budget']} episodes; "
