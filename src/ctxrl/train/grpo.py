@@ -345,7 +345,7 @@ def train(
                 "time/sync_s": sync_s,
                 "time/step_s": time.perf_counter() - t0,
                 "cost/packed": float(
-                    np.mean([mb.kind == "packed" for mbs in layouts for mb in mbs] or [0.0])
+                    np.mean([float(mb.kind == "packed") for mbs in layouts for mb in mbs] or [0.0])
                 ),
             }
         )
