@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -118,6 +119,28 @@ def test_short_run_lowers_the_loss_and_saves_a_loadable_model(
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     assert demonstration_loss(base, examples) == pytest.approx(result.loss_before, abs=1e-4)
     assert torch.isfinite(torch.tensor(result.loss_after))
+
+
+def test_gradient_checkpointing_reaches_trl_off_by_default_and_changes_no_result(
+    records: SimpleNamespace, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import trl
+
+    seen: list[bool] = []
+    real = trl.SFTConfig
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs["gradient_checkpointing"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trl, "SFTConfig", spy)
+    examples, _ = sft_examples(_copy_task(records, 16), max_seq_len=64)
+    losses = []
+    for on in (False, True):
+        cfg = SFTConfig(lr=3e-3, max_steps=2, max_seq_len=64, batch_tokens=256, gradient_checkpointing=on)
+        losses.append(train_sft(cfg, tiny_model_dir, examples, tmp_path / str(on), progress=False).loss_after)
+    assert seen == [False, True] and SFTConfig().gradient_checkpointing is False  # TRL's own default is True
+    assert losses[0] == pytest.approx(losses[1], abs=1e-4)  # recomputing activations is exact
 
 
 def test_bad_demonstration_files_are_one_line_errors(records: SimpleNamespace, tmp_path: Path) -> None:
