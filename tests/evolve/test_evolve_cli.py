@@ -147,6 +147,10 @@ def test_bad_input_is_one_line_before_any_episode(tmp_path: Path, capsys: pytest
     save_config(load_run_config(ROOT / "configs" / "evolve_tiny.yaml", _args(run)[5:]), run)
     err = _fails(["evolve", "--out", str(run), "--resume", "evolve.dev_tasks=3"], capsys)
     assert "--resume: evolve.dev_tasks was 2 in" in err and "now 3" in err
+    err = _fails(
+        ["evolve", "--out", str(run), "--resume", "--model", "other/model"], capsys
+    )  # a flag counts too
+    assert "--resume: model was None in" in err and "now 'other/model'" in err
 
 
 def test_hours_spent_end_the_rounds_and_the_test_comparison_still_runs(tmp_path: Path) -> None:

@@ -27,15 +27,19 @@ SHORTCUTS = {"model": "model", "engine": "engine.name", "mode": "rollout.mode"}
 ``key=value`` overrides, so the flag wins."""
 
 
-def run_config(args: argparse.Namespace) -> RunConfig:
-    """The run config of a subcommand: ``--config`` (or the defaults), its ``key=value`` overrides, then the
-    shortcut flags it has (:data:`SHORTCUTS`)."""
+def cli_overrides(args: argparse.Namespace) -> list[str]:
+    """A subcommand's ``key=value`` overrides followed by those its shortcut flags stand for (:data:`SHORTCUTS`)."""
     overrides = list(getattr(args, "overrides", None) or ())
     for flag, key in SHORTCUTS.items():
         value = getattr(args, flag, None)
         if value is not None:
             overrides.append(f"{key}={value}")
-    return load_run_config(getattr(args, "config", None), overrides)
+    return overrides
+
+
+def run_config(args: argparse.Namespace) -> RunConfig:
+    """The run config of a subcommand: ``--config`` (or the defaults) plus :func:`cli_overrides`."""
+    return load_run_config(getattr(args, "config", None), cli_overrides(args))
 
 
 def prepare_out(out: Path, *, overwrite: bool = False) -> Path:

@@ -35,6 +35,7 @@ from typing import Any
 
 from ctxrl.commands.common import (
     build_engine,
+    cli_overrides,
     prepare_out,
     resolve_model,
     run_config,
@@ -66,11 +67,12 @@ def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
 def resume_config(args: argparse.Namespace, out: Path) -> RunConfig:
     """The config of a resumed run: the stored one, or the given one if it differs only in resumable keys."""
     stored = load_run_config(out / "config.yaml")
-    if args.config is None and not args.overrides:
+    overrides = cli_overrides(args)  # the shortcut flags (--model ...) count as overrides
+    if args.config is None and not overrides:
         return stored
     given = run_config(args)
     if args.config is None:  # overrides alone apply to the stored config
-        given = load_run_config(out / "config.yaml", args.overrides)
+        given = load_run_config(out / "config.yaml", overrides)
     old, new = _flat(to_dict(stored)), _flat(to_dict(given))
     for key in sorted(set(old) | set(new)):
         if old.get(key) != new.get(key) and key not in RESUMABLE_CHANGES:
