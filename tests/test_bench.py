@@ -297,7 +297,26 @@ def test_bench_train_quick(tmp_path: Path) -> None:
         "ctxrl_step_s",
         "ctxrl_padded_step_s",
         "trl_step_s",
+        # the real-model section on the tiny model and the scripted file manager (no rollout FLOPs)
+        "smollm2_episodes",
+        "smollm2_rows",
+        "shared_prefix_vs_packed_tokens",
+        "smollm2_layout_shared",
+        "smollm2_update_speedup",
+        "smollm2_update_s",
+        "smollm2_legacy_update_s",
+        "update_flops_efficiency",
+        "matmul_gflops",
+        "smollm2_rollout_s",
+        "smollm2_step_s",
     }
+    # every row of the group starts with the pinned prefix: the update computes it once
+    assert figures["smollm2_layout_shared"] == 1.0
+    assert 0 < figures["shared_prefix_vs_packed_tokens"] < 1
+    assert figures["smollm2_update_speedup"] == pytest.approx(
+        figures["smollm2_legacy_update_s"] / figures["smollm2_update_s"]
+    )
+    assert figures["matmul_gflops"] > 0 and figures["update_flops_efficiency"] > 0
     # --quick episodes: a 64-id prompt, 4 steps of 8 generated + 16 observed ids, an edit at step 1 that halves
     # the editable region. Rows: steps 0-1 (prompt 88 + 8) and steps 2-3 (prompt 112 + 8) = 216 ids;
     # one row per step: 72 + 96 + 96 + 120 = 384.

@@ -8,7 +8,20 @@ import numpy as np
 import pytest
 
 from ctxrl.errors import UsageError
-from ctxrl.train.rows import Row, cheaper_layout, episode_rows, pack_rows, pad_rows, row_stats
+from ctxrl.train.rows import (
+    LayoutSizes,
+    Row,
+    cheapest_layout,
+    common_prefix_len,
+    episode_rows,
+    layout_flops,
+    layout_kind,
+    pack_rows,
+    pad_rows,
+    plain_units,
+    row_stats,
+    share_prefixes,
+)
 
 
 def three_steps(records: SimpleNamespace) -> tuple:
@@ -155,16 +168,72 @@ def test_packing_keeps_every_loss_token_once(records: SimpleNamespace) -> None:
             assert float(np.sum(mb.advantages * mb.loss_mask)) == mb.num_loss_tokens
 
 
-# a small model's geometry: 1M linear parameters, 4 layers, query width 128
-SIZES = {"linear_params": 1_000_000, "n_layers": 4, "attn_width": 128}
+# a small model's geometry: 1M linear parameters in the body, a 100k-parameter head, 4 layers, query width 128
+SIZES = LayoutSizes(body_params=1_000_000, head_params=100_000, n_layers=4, attn_width=128)
 
 
 def test_auto_layout_pads_rows_of_alike_length_and_packs_ragged_ones() -> None:
     # eight 200-token rows: both layouts hold 1,600 tokens, but one packed line of 1,600 computes
     # 4*4*128*1600^2 attention FLOPs against 8 * 4*4*128*200^2 padded: 8x more, so padded wins
     alike = [row(200, e) for e in range(8)]
-    assert {mb.kind for mb in cheaper_layout(alike, 4096, 0, **SIZES)} == {"padded"}
+    assert layout_kind(cheapest_layout(alike, 4096, 0, SIZES)) == "padded"
     # one 1,000-token row and seven of 10: padded spends 8 x 1,000 tokens through the linear layers
     # (16 GFLOP of 2*1M per token) against 1,070 packed, far more than packing's extra attention
     ragged = [row(1000, 0), *(row(10, e) for e in range(1, 8))]
-    assert {mb.kind for mb in cheaper_layout(ragged, 8192, 0, **SIZES)} == {"packed"}
+    assert layout_kind(cheapest_layout(ragged, 8192, 0, SIZES)) == "packed"
+
+
+def shared_rows(prefix: int, suffixes: list[int], group: int = 0) -> list[Row]:
+    """Rows of one group: the same ``prefix`` ids, then a suffix of its own whose last token is a loss token."""
+    rows = []
+    for e, n in enumerate(suffixes):
+        ids = [7] * prefix + [1000 * (e + 1) + t for t in range(n)]
+        length = prefix + n
+        mask = [0] * (length - 1) + [1]
+        rows.append(
+            Row(
+                ids,
+                mask,
+                [0.0] * length,
+                [0.0] * (length - 1) + [1.0],
+                [0] * length,
+                [(length - 1, length)],
+                e,
+                group,
+                (0,),
+            )
+        )
+    return rows
+
+
+def test_shared_prefix_is_laid_out_once_and_the_suffixes_continue_it() -> None:
+    rows = [*shared_rows(300, [50, 80, 20], group=0), *shared_rows(200, [40, 40], group=1)]
+    units = share_prefixes(rows, 4096, pad_id=0)
+    assert [u.prefix_len for u in units] == [300, 200]
+    # every row's loss token is in exactly one suffix line, at its own position after the prefix
+    assert sorted(i for u in units for mb in u.batches for i in mb.rows) == list(range(5))
+    for u in units:
+        for mb in u.batches:
+            assert mb.kind == "shared" and mb.prefix_len == u.prefix_len
+            for line, i in enumerate(mb.rows):
+                suffix = rows[i].input_ids[u.prefix_len :]
+                assert mb.input_ids[line, : len(suffix)].tolist() == suffix
+                assert mb.position_ids[line, 0] == u.prefix_len
+                assert mb.loss_mask[line].sum() == 1 and mb.loss_mask[line, len(suffix) - 1] == 1
+    assert sum(u.num_loss_tokens for u in units) == 5
+    # the prefix once per group instead of once per row: 300 + 3 * 80 + 200 + 2 * 40 tokens, not 1,270
+    assert sum(u.num_tokens for u in units) == 300 + 240 + 200 + 80
+    assert layout_flops(units, SIZES) < layout_flops(plain_units(pack_rows(rows, 4096)), SIZES)
+    assert layout_kind(cheapest_layout(rows, 4096, 0, SIZES)) == "shared"
+
+
+def test_the_shared_prefix_stops_before_any_loss_token() -> None:
+    rows = shared_rows(30, [5, 5])
+    # a loss token inside the common ids: the prefix ends one token before it, so its logit comes from a suffix
+    early = Row([7] * 40, [0] * 20 + [1] * 20, [0.0] * 40, [1.0] * 40, [0] * 40, [(20, 40)], 2, 0, (0,))
+    assert common_prefix_len([*rows, early]) == 19
+    # identical rows keep a suffix of their own
+    assert common_prefix_len([rows[0], rows[0]]) == len(rows[0]) - 2
+    # a group whose rows share too little is padded as it is
+    units = share_prefixes([row(50, 0), row(60, 1)], 4096, pad_id=0)
+    assert all(u.prefix_len == 0 for u in units) and layout_kind(units) == "padded"

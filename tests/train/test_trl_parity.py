@@ -5,7 +5,7 @@ Both sides start from the tiny model's weights and see the same batch (:func:`pa
 completions of different lengths, graded rewards). TRL runs its own path: a ``rollout_func`` hands it the
 batch's ids, its reward function the rewards, ``_generate_and_score_completions`` computes the group
 advantages and pads (prompts left, completions right) and ``compute_loss`` runs its fused log-prob head and
-DAPO loss. ctxrl runs the trainer's: ``assign_credit`` -> ``episode_rows`` -> packed or padded microbatches ->
+DAPO loss. ctxrl runs the trainer's: ``assign_credit`` -> ``episode_rows`` -> packed, padded or shared-prefix microbatches ->
 ``token_logprobs`` -> ``policy_loss``, one backward per microbatch.
 
 The settings under which the two compute the same thing (see ``ctxrl.commands.bench_train``):
@@ -103,7 +103,7 @@ def old_from_shifts(rows: Sequence[Row]) -> Callable[[Microbatch, torch.Tensor],
         start = 0
         for line, r in enumerate(mb.rows):
             row = rows[r]
-            b, at = (0, start) if mb.kind == "packed" else (line, 0)
+            b, at = (0, start) if mb.kind == "packed" else (line, -mb.prefix_len)
             (s, e), episode = row.spans[0], row.episode
             for t in range(e - s):
                 offsets[b, at + s + t] = shift(episode, t)
@@ -117,7 +117,7 @@ def run_ctxrl(
     model_dir: Path,
     batch: ParityBatch,
     *,
-    packed: bool,
+    packing: str,
     off_policy: bool,
     scale_by_std: bool = False,
     advantages: Sequence[float] | None = None,
@@ -135,7 +135,7 @@ def run_ctxrl(
     loss = ctxrl_backward(
         model,
         rows,
-        packed=packed,
+        packing=packing,
         pad_id=0,
         loss_config=LOSS,
         old_logprobs=old_from_shifts(rows) if off_policy else None,
@@ -154,12 +154,12 @@ def assert_same_gradients(ours: dict[str, Any], theirs: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("off_policy", [False, True], ids=["on-policy", "clipped"])
-@pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
+@pytest.mark.parametrize("packing", ["packed", "padded", "shared"])
 def test_advantages_loss_and_gradients_equal_trl(
-    tiny_model_dir: Path, batch: ParityBatch, trl_plain: Any, packed: bool, off_policy: bool
+    tiny_model_dir: Path, batch: ParityBatch, trl_plain: Any, packing: str, off_policy: bool
 ) -> None:
     trl_loss, trl_grads, trl_adv = run_trl(trl_plain, batch, off_policy=off_policy)
-    loss, grads, adv = run_ctxrl(tiny_model_dir, batch, packed=packed, off_policy=off_policy)
+    loss, grads, adv = run_ctxrl(tiny_model_dir, batch, packing=packing, off_policy=off_policy)
 
     # advantages: reward minus the group mean, by hand, on both sides
     by_hand = [r - float(np.mean(group)) for group in batch.rewards for r in group]
@@ -171,8 +171,8 @@ def test_advantages_loss_and_gradients_equal_trl(
 
 def test_clipping_changes_the_loss(tiny_model_dir: Path, batch: ParityBatch) -> None:
     """The off-policy case is not the on-policy one in disguise: shifted old logprobs change the loss."""
-    on, _, _ = run_ctxrl(tiny_model_dir, batch, packed=True, off_policy=False)
-    off, _, _ = run_ctxrl(tiny_model_dir, batch, packed=True, off_policy=True)
+    on, _, _ = run_ctxrl(tiny_model_dir, batch, packing="packed", off_policy=False)
+    off, _, _ = run_ctxrl(tiny_model_dir, batch, packing="packed", off_policy=True)
     assert abs(on - off) > 1e-3
 
 
@@ -181,7 +181,7 @@ def test_std_scaling_differs_only_in_the_std_convention(
 ) -> None:
     trainer = trl_trainer(tiny_model_dir, tiny_tokenizer, batch, scale_rewards="group", out=tmp_path)
     trl_loss, trl_grads, trl_adv = run_trl(trainer, batch, off_policy=False)
-    _, _, ctxrl_adv = run_ctxrl(tiny_model_dir, batch, packed=True, off_policy=False, scale_by_std=True)
+    _, _, ctxrl_adv = run_ctxrl(tiny_model_dir, batch, packing="packed", off_policy=False, scale_by_std=True)
 
     k = 0
     for group in batch.rewards:
@@ -192,6 +192,6 @@ def test_std_scaling_differs_only_in_the_std_convention(
             assert ctxrl_adv[k] == pytest.approx((value - r.mean()) / (population + 1e-6), abs=1e-5)
             k += 1
     # on TRL's own advantages, ctxrl's loss and gradients are TRL's
-    loss, grads, _ = run_ctxrl(tiny_model_dir, batch, packed=True, off_policy=False, advantages=trl_adv)
+    loss, grads, _ = run_ctxrl(tiny_model_dir, batch, packing="packed", off_policy=False, advantages=trl_adv)
     assert loss == pytest.approx(trl_loss, abs=ATOL)
     assert_same_gradients(grads, trl_grads)

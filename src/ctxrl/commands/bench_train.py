@@ -53,7 +53,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ctxrl.train.trajectory import EpisodeRecord, StepCost, StepRecord
 
@@ -362,51 +362,29 @@ def ctxrl_backward(
     model: Any,
     rows: Sequence[Any],
     *,
-    packed: bool,
+    packing: str = "auto",
     pad_id: int,
     loss_config: Any,
     max_tokens: int = MAX_TOKENS,
     old_logprobs: Callable[[Any, Any], Any] | None = None,
-    sizes: dict[str, int] | None = None,
 ) -> float:
-    """Forward, loss and backward over ``rows`` in microbatches, as the trainer's update runs them (packed or
-    padded layout; packed with ``sizes``: the cheaper of the two, as ``packing: auto`` does; token mean over
-    the whole step, entropy computed); gradients accumulate in ``model``.
-    ``old_logprobs(microbatch, logprobs)`` gives the old logprobs of a microbatch (None: on-policy).
-    Returns the step's loss."""
-    import torch
+    """Forward, loss and backward over ``rows`` as the trainer's update runs them
+    (:func:`ctxrl.train.update.backward_layout` on the layout ``packing`` gives: ``auto`` prices shared
+    prefixes, packed lines and padding and takes the cheapest, as the trainer does in one process); gradients
+    accumulate in ``model``. ``old_logprobs(microbatch, logprobs)`` gives the old logprobs of a microbatch from
+    its current ones (None: on-policy). Returns the step's loss."""
+    from ctxrl.train.logprobs import packing_supported
+    from ctxrl.train.update import backward_layout, layout_logprobs, layout_sizes, make_layout
 
-    from ctxrl.train.logprobs import token_logprobs
-    from ctxrl.train.loss import policy_loss
-    from ctxrl.train.rows import cheaper_layout, pack_rows, pad_rows
-
-    if packed and sizes is not None:
-        batches = cheaper_layout(rows, max_tokens, pad_id, **sizes)
-    else:
-        batches = pack_rows(rows, max_tokens) if packed else pad_rows(rows, max_tokens, pad_id)
-    n_tokens = float(sum(mb.num_loss_tokens for mb in batches))
-    total = 0.0
-    for mb in batches:
-        mask = None if mb.attention_mask is None else torch.from_numpy(mb.attention_mask)
-        logprobs, _ = token_logprobs(
-            model,
-            torch.from_numpy(mb.input_ids),
-            torch.from_numpy(mb.position_ids),
-            mask,
-            with_entropy=True,
-        )
-        out = policy_loss(
-            logprobs,
-            None if old_logprobs is None else old_logprobs(mb, logprobs),
-            torch.from_numpy(mb.old_logprobs).float(),
-            torch.from_numpy(mb.advantages).float(),
-            torch.from_numpy(mb.loss_mask).float(),
-            loss_config,
-            num_loss_tokens=n_tokens,
-        )
-        out.loss.backward()
-        total += float(out.loss.detach())
-    return total
+    packs = packing == "packed" or packing_supported(model)
+    units = make_layout(rows, packing, max_tokens, pad_id, layout_sizes(model), packs=packs)
+    olds = None
+    if old_logprobs is not None:
+        device = next(model.parameters()).device
+        current = layout_logprobs(model, units, device)
+        olds = [[old_logprobs(mb, lp) for mb, lp in zip(u.batches, lps)] for u, lps in zip(units, current)]
+    n_tokens = float(sum(u.num_loss_tokens for u in units))
+    return backward_layout(model, units, loss_config, num_loss_tokens=n_tokens, old_logprobs=olds).loss
 
 
 def _optimizer_step(model: Any, optimizer: Any) -> None:
@@ -468,11 +446,10 @@ def _packed_vs_naive(model_dir: Path, tokenizer: Any, sizes: Sizes) -> dict[str,
     assert stats.naive_tokens == sum(len(r) for r in naive_rows), "one row per step is the naive layout"
     model, optimizer = _policy(model_dir)
     loss_config, pad_id = LossConfig(), int(tokenizer.pad_token_id or 0)
-    auto = _auto_layout(model)
 
     def step(rows: Sequence[Any]) -> Callable[[], None]:
         def run() -> None:
-            ctxrl_backward(model, rows, pad_id=pad_id, loss_config=loss_config, **auto)
+            ctxrl_backward(model, rows, pad_id=pad_id, loss_config=loss_config)
             _optimizer_step(model, optimizer)
 
         return run
@@ -487,16 +464,6 @@ def _packed_vs_naive(model_dir: Path, tokenizer: Any, sizes: Sizes) -> dict[str,
         "packed_step_s": packed_s,
         "naive_step_s": naive_s,
     }
-
-
-def _auto_layout(model: Any) -> dict[str, Any]:
-    """The layout the trainer's ``packing: auto`` gives ``model``: packed or padded per update, by FLOPs,
-    where the model honours packing; padded otherwise."""
-    from ctxrl.train.grpo import layout_sizes
-    from ctxrl.train.logprobs import packing_supported
-
-    packed = packing_supported(model)
-    return {"packed": packed, "sizes": layout_sizes(model) if packed else None}
 
 
 def _ctxrl_vs_trl(model_dir: Path, tokenizer: Any, sizes: Sizes, tmp: Path) -> dict[str, float]:
@@ -523,13 +490,12 @@ def _ctxrl_vs_trl(model_dir: Path, tokenizer: Any, sizes: Sizes, tmp: Path) -> d
         _optimizer_step(trainer.model, trl_optimizer)
 
     model, optimizer = _policy(model_dir)
-    auto = _auto_layout(model)
     episodes = parity_episodes(batch)
     credit_config = CreditConfig(advantages=AdvantageConfig(w_eff=0.0, scale_by_std=False))
     loss_config = LossConfig(epsilon_low=0.2, epsilon_high=0.28, kl_coef=0.0, tis_cap=None)
     pad_id = int(tokenizer.pad_token_id or 0)
 
-    def ctxrl_step(layout_packed: bool) -> Callable[[], None]:
+    def ctxrl_step(packing: str) -> Callable[[], None]:
         def run() -> None:
             credit = assign_credit(episodes, credit_config)
             rows = [
@@ -537,14 +503,13 @@ def _ctxrl_vs_trl(model_dir: Path, tokenizer: Any, sizes: Sizes, tmp: Path) -> d
                 for i, (ep, c) in enumerate(zip(episodes, credit))
                 for r in episode_rows(ep, c.steps, episode_index=i)
             ]
-            layout = auto if layout_packed else {"packed": False}
-            ctxrl_backward(model, rows, pad_id=pad_id, loss_config=loss_config, **layout)
+            ctxrl_backward(model, rows, packing=packing, pad_id=pad_id, loss_config=loss_config)
             _optimizer_step(model, optimizer)
 
         return run
 
     ctxrl_s, padded_s, trl_s = _alternate(
-        [ctxrl_step(True), ctxrl_step(False), trl_step], sizes.repeats, warmup=1
+        [ctxrl_step("auto"), ctxrl_step("padded"), trl_step], sizes.repeats, warmup=1
     )
     return {
         "ctxrl_vs_trl_step_time": ctxrl_s / trl_s,
@@ -555,6 +520,188 @@ def _ctxrl_vs_trl(model_dir: Path, tokenizer: Any, sizes: Sizes, tmp: Path) -> d
     }
 
 
+# ---- a real model's GRPO step: SmolLM2 on a group of `short` retention episodes ----------------------------
+
+
+@dataclass(frozen=True)
+class StepSizes:
+    """The real-model section: which model, engine and group, and how many timed repeats."""
+
+    model: str
+    engine: Literal["vllm", "scripted"]
+    group_size: int
+    difficulty: str
+    max_new_tokens: int
+    max_tokens: int
+    matmul_n: int
+    repeats: int
+    max_steps: int | None = None
+
+
+SMOL = StepSizes("smollm2-135m-instruct", "vllm", 8, "short", 256, 4096, 1536, 1)
+"""Full run: SmolLM2-135M-Instruct on the in-process vLLM engine, 8 episodes of one `short` task, file mode,
+the learning benchmark's settings (configs/train_smollm2.yaml: LoRA r=16, 256 new tokens, 4,096-token
+microbatches)."""
+SMOL_QUICK = StepSizes("tiny", "scripted", 2, "short", 64, 4096, 256, 1, max_steps=4)
+"""Smoke run of the same code: the tiny model, the scripted file manager as the engine."""
+
+
+def matmul_flops_per_s(n: int, repeats: int = 3) -> float:
+    """This machine's fp32 matrix-multiply rate at torch's current thread count: the best of ``repeats``
+    ``n × n`` products (``2n³`` FLOPs each)."""
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * n**3 / best
+
+
+def rollout_flops(episodes: Sequence[EpisodeRecord], model: Any) -> float:
+    """Model FLOPs the engine did for ``episodes``: every call's prefilled and generated tokens through the
+    body and attention (:func:`ctxrl.rewards.cost.step_flops`, with the engine's own cache hits), plus the
+    LM head at each generated token."""
+    from ctxrl.rewards.cost import ModelGeometry, StepTokens, step_flops
+
+    geometry = ModelGeometry.from_config(model.config)
+    head = int(model.get_output_embeddings().weight.numel())
+    total = 0.0
+    for ep in episodes:
+        for step in ep.steps:
+            tokens = StepTokens(len(step.prompt_ids), step.num_cached_tokens, len(step.token_ids))
+            total += step_flops(tokens, geometry) + 2.0 * head * len(step.token_ids)
+    return total
+
+
+def legacy_packed_backward(model: Any, rows: Sequence[Any], loss_config: Any, max_tokens: int) -> None:
+    """The update as it ran before shared prefixes: packed lines, the LM head, log-softmax and entropy at
+    every position (``token_logprobs`` without a loss mask)."""
+    import torch
+
+    from ctxrl.train.logprobs import token_logprobs
+    from ctxrl.train.loss import policy_loss
+    from ctxrl.train.rows import pack_rows
+
+    batches = pack_rows(rows, max_tokens)
+    n_tokens = float(sum(mb.num_loss_tokens for mb in batches))
+    for mb in batches:
+        lp, _ = token_logprobs(
+            model, torch.from_numpy(mb.input_ids), torch.from_numpy(mb.position_ids), with_entropy=True
+        )
+        out = policy_loss(
+            lp,
+            None,
+            torch.from_numpy(mb.old_logprobs).float(),
+            torch.from_numpy(mb.advantages).float(),
+            torch.from_numpy(mb.loss_mask).float(),
+            loss_config,
+            num_loss_tokens=n_tokens,
+        )
+        out.loss.backward()
+
+
+def _smollm2_step(sizes: StepSizes, tmp: Path) -> dict[str, float]:
+    """One GRPO step of a real model, timed in parts, and today's update against the one it replaced."""
+    import torch
+
+    from ctxrl.env.policies import make_policy
+    from ctxrl.env.tasks.registry import make_task
+    from ctxrl.env.tokenizer import load_tokenizer_dir
+    from ctxrl.rewards.advantages import AdvantageConfig
+    from ctxrl.train.config import LoraSettings, TrainConfig
+    from ctxrl.train.credit import CreditConfig, assign_credit
+    from ctxrl.train.engines import EngineConfig, SamplingConfig, make_engine
+    from ctxrl.train.engines.scripted import text_policy
+    from ctxrl.train.grpo import load_policy
+    from ctxrl.train.models import get_model
+    from ctxrl.train.rollout import RolloutConfig, rollout
+    from ctxrl.train.rows import episode_rows, layout_flops, layout_kind, pack_rows, plain_units
+    from ctxrl.train.update import backward_layout, layout_sizes, make_layout
+
+    model_dir = get_model(sizes.model, tmp / "step-model" if sizes.model == "tiny" else None)
+    tokenizer = load_tokenizer_dir(model_dir)
+    policy = None
+    if sizes.engine == "scripted":
+        policy = text_policy(make_policy("file-manager"), tokenizer)
+    engine = make_engine(
+        EngineConfig(name=sizes.engine, max_model_len=4096), model_dir, tokenizer=tokenizer, policy=policy
+    )
+    config = TrainConfig(
+        lora=LoraSettings(enabled=True, dropout=0.0), max_tokens_per_microbatch=sizes.max_tokens
+    )
+    model = load_policy(model_dir, config).train()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
+    loss_config, pad_id = config.loss_config(), int(tokenizer.pad_token_id or 0)
+    task = make_task("retention", 0, sizes.difficulty, split="train")
+    try:
+        t0 = time.perf_counter()
+        result = rollout(
+            engine,
+            tokenizer,
+            [task],
+            RolloutConfig(group_size=sizes.group_size, mode="file", max_steps=sizes.max_steps),
+            sampling=SamplingConfig(max_new_tokens=sizes.max_new_tokens),
+        )
+        rollout_s = time.perf_counter() - t0
+        # rewards that alternate, so every episode carries advantages (the figure is the update's speed)
+        episodes = [replace(ep, reward=float(i % 2)) for i, ep in enumerate(result.episodes)]
+        credit = assign_credit(episodes, CreditConfig(advantages=AdvantageConfig(w_eff=0.25)))
+        rows = [
+            r
+            for i, (ep, c) in enumerate(zip(episodes, credit))
+            for r in episode_rows(ep, c.steps, episode_index=i)
+        ]
+        geometry = layout_sizes(model)
+        assert geometry is not None
+        units = make_layout(rows, "auto", sizes.max_tokens, pad_id, geometry)
+        n_tokens = float(sum(u.num_loss_tokens for u in units))
+
+        def update() -> None:
+            backward_layout(model, units, loss_config, num_loss_tokens=n_tokens)
+            optimizer.zero_grad(set_to_none=True)
+
+        def legacy() -> None:
+            legacy_packed_backward(model, rows, loss_config, sizes.max_tokens)
+            optimizer.zero_grad(set_to_none=True)
+
+        t1 = time.perf_counter()
+        update()
+        update_s = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        if sizes.engine != "scripted":  # a scripted engine has no weights
+            engine.update_weights(model)
+        sync_s = time.perf_counter() - t2
+    finally:
+        engine.close()
+    new_s, old_s = _alternate([update, legacy], sizes.repeats)
+    packed_units = plain_units(pack_rows(rows, sizes.max_tokens))
+    # model FLOPs of the update: forward + the backward to the activations (LoRA: the frozen weights take no
+    # gradient; the adapters' own FLOPs are a rounding error at r = 16)
+    update_flops = 2.0 * layout_flops(units, geometry)
+    matmul = matmul_flops_per_s(sizes.matmul_n)
+    figures = {
+        "smollm2_episodes": float(len(episodes)),
+        "smollm2_rows": float(len(rows)),
+        "shared_prefix_vs_packed_tokens": sum(u.num_tokens for u in units)
+        / sum(u.num_tokens for u in packed_units),
+        "smollm2_layout_shared": float(layout_kind(units) == "shared"),
+        "smollm2_update_speedup": old_s / new_s,
+        "smollm2_update_s": new_s,
+        "smollm2_legacy_update_s": old_s,
+        "update_flops_efficiency": update_flops / new_s / matmul,
+        "matmul_gflops": matmul / 1e9,
+        "smollm2_rollout_s": rollout_s,
+        "smollm2_step_s": rollout_s + update_s + sync_s,
+    }
+    if sizes.engine != "scripted":  # a scripted engine runs no model: its rollout does no model FLOPs
+        figures["rollout_flops_efficiency"] = rollout_flops(episodes, model) / rollout_s / matmul
+    return figures
+
+
 def bench_train(args: argparse.Namespace) -> dict[str, float]:
     """``ctxrl bench train``: the metrics of the module docstring."""
     import torch
@@ -562,7 +709,8 @@ def bench_train(args: argparse.Namespace) -> dict[str, float]:
     from ctxrl.env.tokenizer import load_tokenizer_dir
     from ctxrl.train.tiny_model import build_tiny_model
 
-    sizes = QUICK if getattr(args, "quick", False) else FULL
+    quick = getattr(args, "quick", False)
+    sizes = QUICK if quick else FULL
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -572,6 +720,9 @@ def bench_train(args: argparse.Namespace) -> dict[str, float]:
             tokenizer = load_tokenizer_dir(model_dir)
             metrics = _packed_vs_naive(model_dir, tokenizer, sizes)
             metrics.update(_ctxrl_vs_trl(model_dir, tokenizer, sizes, tmp))
+            # the real model trains with both cores, as the trainer does
+            torch.set_num_threads(threads)
+            metrics.update(_smollm2_step(SMOL_QUICK if quick else SMOL, tmp))
     finally:
         torch.set_num_threads(threads)  # the caller's setting (the test suite runs benches in-process)
     return metrics

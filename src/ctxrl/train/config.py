@@ -94,10 +94,11 @@ class TrainConfig:
     """Tokens per forward pass (packed: the sequence length; padded: rows x longest; a longer row runs
     alone). Every microbatch of an update accumulates into it (gradient accumulation by token budget), so
     this bounds memory, not the batch size."""
-    packing: Literal["auto", "packed", "padded"] = "auto"
-    """``auto`` checks once whether the model honours position-id packing (pads otherwise) and then gives each
-    update the packed or the padded layout, whichever prices lower in FLOPs (``rows.cheaper_layout``: rows of
-    alike lengths pad better, since a packed line computes attention across its rows too)."""
+    packing: Literal["auto", "shared", "packed", "padded"] = "auto"
+    """``auto`` gives each update the cheapest layout by estimated FLOPs (``rows.cheapest_layout``): each
+    group's common prefix once with its rows' suffixes after it (``shared``; one process only), packed lines
+    (if the model honours position-id packing, checked once), or padded batches (rows of alike lengths pad
+    better, since a packed line computes attention across its rows too). A named layout forces it."""
     lora: LoraSettings = field(default_factory=LoraSettings)
     """LoRA adapter settings."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"

@@ -64,12 +64,13 @@ from ctxrl.rewards.cost import ModelGeometry
 from ctxrl.train.config import TrainConfig
 from ctxrl.train.credit import EpisodeCredit, assign_credit
 from ctxrl.train.engines.base import Engine, SamplingConfig
-from ctxrl.train.logprobs import packing_supported, token_logprobs
-from ctxrl.train.loss import LossStats, policy_loss, token_mean_scale
+from ctxrl.train.logprobs import packing_supported
+from ctxrl.train.loss import LossStats, token_mean_scale
 from ctxrl.train.rollout import RolloutConfig, rollout
-from ctxrl.train.rows import Microbatch, Row, cheaper_layout, episode_rows, pack_rows, pad_rows, row_stats
+from ctxrl.train.rows import LayoutUnit, Row, episode_rows, layout_kind, row_stats
 from ctxrl.train.tracking import NoTracker, Tracker, make_tracker
 from ctxrl.train.trajectory import EpisodeRecord
+from ctxrl.train.update import backward_layout, empty_unit, layout_logprobs, layout_sizes, make_layout
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -215,9 +216,10 @@ def train(
     _configure_deepspeed(acc, config)
     model, optimizer = acc.prepare(model, optimizer)
     policy = acc.unwrap_model(model)
-    packed = config.packing == "packed" or (config.packing == "auto" and packing_supported(policy))
-    # auto: each update takes the packed or the padded layout, whichever its rows make cheaper
-    sizes = layout_sizes(policy) if config.packing == "auto" and packed else None
+    # auto: each update takes the cheapest layout its rows allow (shared prefixes, packed lines, padding)
+    packs = config.packing == "packed" or (config.packing in ("auto", "shared") and packing_supported(policy))
+    shared_ok = world == 1  # a shared prefix backs up twice per unit, which DDP's reducer refuses
+    sizes = layout_sizes(policy)
     pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
     start = load_checkpoint(out, policy, optimizer, rank) if resume else 0
     if start > 0:
@@ -267,14 +269,29 @@ def train(
         model.train()
         t1 = time.perf_counter()
         parts = _split_by_episode(rows, config.updates_per_rollout)
-        layouts = [_microbatches(part, config, packed, pad_id, sizes) for part in parts]
-        olds = _old_logprobs(model, layouts, acc.device) if config.updates_per_rollout > 1 else None
+        layouts = [
+            make_layout(
+                part,
+                config.packing,
+                config.max_tokens_per_microbatch,
+                pad_id,
+                sizes,
+                packs=packs,
+                shared_ok=shared_ok,
+            )
+            for part in parts
+        ]
+        olds = (
+            [layout_logprobs(model, units, acc.device) for units in layouts]
+            if config.updates_per_rollout > 1
+            else None
+        )
         stats, entropy_sum, grad_norms = LossStats(), 0.0, []
-        for u, batches in enumerate(layouts):
+        for u, units in enumerate(layouts):
             n_tokens = float(
                 acc.reduce(
                     torch.tensor(
-                        sum(mb.num_loss_tokens for mb in batches), dtype=torch.float64, device=acc.device
+                        sum(u.num_loss_tokens for u in units), dtype=torch.float64, device=acc.device
                     ),
                     "sum",
                 ).item()
@@ -282,36 +299,24 @@ def train(
             if n_tokens == 0:
                 continue  # every rank sees the same global count, so every rank skips together
             # every rank runs the same number of backward passes (DDP syncs on the last one)
-            n_mb = int(acc.reduce(torch.tensor(len(batches), device=acc.device), "max").item())
-            for i in range(n_mb):
-                mb = batches[i] if i < len(batches) else _empty_microbatch(pad_id)
-                last = i == n_mb - 1
-                # DDP all-reduces on the last backward only; DeepSpeed steps its engine at the boundary
-                acc.sync_gradients = last
-                with contextlib.nullcontext() if last else acc.no_sync(model):
-                    tensors = _to_tensors(mb, acc.device)
-                    logprobs, entropy = token_logprobs(
-                        model,
-                        tensors["input_ids"],
-                        tensors["position_ids"],
-                        tensors.get("attention_mask"),
-                        with_entropy=True,
-                    )
-                    ref = _reference_logprobs(policy, reference, tensors) if config.kl_coef > 0 else None
-                    out_i = policy_loss(
-                        logprobs,
-                        None if olds is None else olds[u][i] if i < len(olds[u]) else None,
-                        tensors["old_logprobs"],
-                        tensors["advantages"],
-                        tensors["loss_mask"],
-                        loss_config,
-                        num_loss_tokens=n_tokens,
-                        ref_logprobs=ref,
-                    )
-                    acc.backward(out_i.loss * token_mean_scale(world))
-                stats += out_i.stats
-                assert entropy is not None
-                entropy_sum += float((entropy * tensors["loss_mask"]).sum())
+            n_units = int(acc.reduce(torch.tensor(len(units), device=acc.device), "max").item())
+            units = [*units, *[empty_unit(pad_id)] * (n_units - len(units))]
+            result_u = backward_layout(
+                model,
+                units,
+                loss_config,
+                num_loss_tokens=n_tokens,
+                device=acc.device,
+                scale=token_mean_scale(world),
+                old_logprobs=None if olds is None else olds[u],
+                reference=(lambda unit: _reference_logprobs(policy, reference, unit, acc.device))
+                if config.kl_coef > 0
+                else None,
+                backward=acc.backward,
+                sync=lambda last: _sync_context(acc, model, last),
+            )
+            stats += result_u.stats
+            entropy_sum += result_u.entropy_sum
             if config.max_grad_norm is not None:
                 norm = acc.clip_grad_norm_(model.parameters(), config.max_grad_norm)
                 if norm is not None:  # None under DeepSpeed before its first step
@@ -345,8 +350,15 @@ def train(
                 "time/sync_s": sync_s,
                 "time/step_s": time.perf_counter() - t0,
                 "cost/packed": float(
-                    np.mean([float(mb.kind == "packed") for mbs in layouts for mb in mbs] or [0.0])
+                    np.mean(
+                        [float(mb.kind == "packed") for us in layouts for u in us for mb in u.batches]
+                        or [0.0]
+                    )
                 ),
+                "cost/shared_prefix": float(
+                    np.mean([float(layout_kind(us) == "shared") for us in layouts] or [0.0])
+                ),
+                "cost/layout_tokens": float(sum(u.num_tokens for us in layouts for u in us)),
             }
         )
         history.append(metrics)
@@ -454,73 +466,18 @@ def _split_by_episode(rows: Sequence[Row], parts: int) -> list[list[Row]]:
     return out
 
 
-def layout_sizes(model: Any) -> dict[str, int] | None:
-    """What :func:`cheaper_layout` prices a layout with: the linear parameters a token passes through (the
-    body and the LM head), layers and query width; None (always pack) when the geometry is unknown."""
-    geometry = _geometry(model)
-    if geometry is None:
-        return None
-    head = model.get_output_embeddings()
-    head_params = int(head.weight.numel()) if head is not None else 0
-    return {
-        "linear_params": geometry.n_body + head_params,
-        "n_layers": geometry.n_layers,
-        "attn_width": geometry.attn_width,
-    }
+def _sync_context(acc: Any, model: Any, last: bool) -> Any:
+    """DDP all-reduces on the last backward of an update only; DeepSpeed steps its engine at the boundary."""
+    acc.sync_gradients = last
+    return contextlib.nullcontext() if last else acc.no_sync(model)
 
 
-def _microbatches(
-    rows: Sequence[Row], config: TrainConfig, packed: bool, pad_id: int, sizes: dict[str, int] | None = None
-) -> list[Microbatch]:
-    if packed and sizes is not None:
-        return cheaper_layout(rows, config.max_tokens_per_microbatch, pad_id, **sizes)
-    if packed:
-        return pack_rows(rows, config.max_tokens_per_microbatch)
-    return pad_rows(rows, config.max_tokens_per_microbatch, pad_id)
-
-
-def _empty_microbatch(pad_id: int) -> Microbatch:
-    """Two pad tokens with no loss: keeps a rank with fewer microbatches in step with DDP's syncs."""
-    empty = Row([pad_id, pad_id], [0, 0], [0.0, 0.0], [0.0, 0.0], [0, 0], [], -1, -1, ())
-    return pad_rows([empty], 2, pad_id)[0]
-
-
-def _to_tensors(mb: Microbatch, device: Any) -> dict[str, torch.Tensor]:
-    tensors = {
-        "input_ids": torch.from_numpy(mb.input_ids).to(device),
-        "position_ids": torch.from_numpy(mb.position_ids).to(device),
-        "loss_mask": torch.from_numpy(mb.loss_mask).float().to(device),
-        "old_logprobs": torch.from_numpy(mb.old_logprobs).float().to(device),
-        "advantages": torch.from_numpy(mb.advantages).float().to(device),
-    }
-    if mb.attention_mask is not None:
-        tensors["attention_mask"] = torch.from_numpy(mb.attention_mask).to(device)
-    return tensors
-
-
-@torch.no_grad()
-def _old_logprobs(
-    model: Any, layouts: Sequence[Sequence[Microbatch]], device: Any
-) -> list[list[torch.Tensor]]:
-    """The trainer's logprobs before any update of this rollout (for updates_per_rollout > 1)."""
-    out = []
-    for batches in layouts:
-        part = []
-        for mb in batches:
-            t = _to_tensors(mb, device)
-            part.append(token_logprobs(model, t["input_ids"], t["position_ids"], t.get("attention_mask"))[0])
-        out.append(part)
-    return out
-
-
-@torch.no_grad()
-def _reference_logprobs(policy: Any, reference: Any, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+def _reference_logprobs(policy: Any, reference: Any, unit: LayoutUnit, device: Any) -> list[torch.Tensor]:
     """Logprobs under the reference: the frozen initial model, or with LoRA the base with the adapter off."""
-    args = (tensors["input_ids"], tensors["position_ids"], tensors.get("attention_mask"))
     if reference is not None:
-        return token_logprobs(reference, *args)[0]
+        return layout_logprobs(reference, [unit], device)[0]
     with policy.disable_adapter():
-        return token_logprobs(policy, *args)[0]
+        return layout_logprobs(policy, [unit], device)[0]
 
 
 def _episode_metrics(

@@ -7,6 +7,10 @@ Output ``lp[b, t] = log p(input_ids[b, t] | input_ids[b, :t])`` aligned with the
 :class:`ctxrl.train.rows.Microbatch`); ``lp[b, 0]`` and the first token of every packed row have no context
 and are 0 (they are prompt tokens, never loss tokens).
 
+**Logits only where they are used.** With a ``loss_mask`` the LM head runs only at the positions that
+predict a loss token (transformers' ``logits_to_keep`` with an index tensor), so a prompt of thousands of
+tokens costs the model body and nothing of the ``[T, V]`` head and log-softmax.
+
 **Packing.** transformers (5.x) builds a block-diagonal causal mask from ``position_ids`` when no attention
 mask and no KV cache are given (``masking_utils.find_packed_sequence_indices``: a new row starts wherever the
 position does not increase by one), for the eager and SDPA attention paths as well as flash-attention. So a
@@ -21,21 +25,18 @@ from typing import Any
 import torch
 
 
-def _gather_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``log_softmax(logits[:, t-1] / temperature)[input_ids[:, t]]`` for t >= 1, 0 at t = 0."""
-    scores = logits[:, :-1].float()
-    if temperature != 1.0:
-        scores = scores / temperature
-    targets = input_ids[:, 1:].unsqueeze(-1)
-    # gather then subtract the logsumexp: no second (B, T, V) tensor for the normalised distribution
-    picked = scores.gather(-1, targets).squeeze(-1) - torch.logsumexp(scores, dim=-1)
-    return torch.nn.functional.pad(picked, (1, 0), value=0.0)
-
-
 def _row_starts(position_ids: torch.Tensor) -> torch.Tensor:
     """True where a new packed row starts (the position does not follow the previous one)."""
     prev = torch.nn.functional.pad(position_ids[:, :-1], (1, 0), value=-2)
     return position_ids != prev + 1
+
+
+def head_indices(loss_mask: torch.Tensor | None, length: int) -> torch.Tensor:
+    """Positions ``t`` whose logits are needed: those predicting a loss token at ``t + 1`` in any line
+    (all of ``0 .. length-2`` when ``loss_mask`` is None)."""
+    if loss_mask is None:
+        return torch.arange(max(length - 1, 0))
+    return torch.nonzero(loss_mask[:, 1:].bool().any(dim=0), as_tuple=False).flatten().cpu()
 
 
 def token_logprobs(
@@ -46,6 +47,9 @@ def token_logprobs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    loss_mask: torch.Tensor | None = None,
+    past_key_values: Any = None,
+    right_padded: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token logprobs (and optionally entropies) of ``input_ids`` under ``model``.
 
@@ -54,25 +58,56 @@ def token_logprobs(
     is that of the distribution that predicted token ``t`` (0 where the logprob is 0). Gradients flow when
     the caller has them enabled. ``temperature`` divides the logits (1.0 for the raw distribution, which is
     what engines report).
+
+    ``loss_mask`` (same shape): the LM head and the log-softmax run only at the positions that predict a
+    loss token (the model's ``logits_to_keep``), and every other entry is 0 — no ``[T, V]`` logits for the
+    prompt. ``past_key_values``: a cache of a shared prefix the lines continue (``position_ids`` then start
+    at its length and ``attention_mask`` covers prefix + lines).
+
+    ``right_padded``: the lines are right-padded, so causal attention alone keeps every real token from seeing
+    a pad (pads only follow it); ``attention_mask`` then only zeroes the pads' entries and is not given to the
+    model, whose attention kernel takes the causal path that skips the upper triangle instead of a dense mask.
     """
+    length = input_ids.shape[1]
+    keep = head_indices(loss_mask, length).to(input_ids.device)
+    kwargs: dict[str, Any] = {}
+    if past_key_values is not None:
+        kwargs["past_key_values"] = past_key_values
     out = model(
         input_ids=input_ids,
         position_ids=position_ids,
-        attention_mask=attention_mask,
-        use_cache=False,
+        attention_mask=None if right_padded else attention_mask,
+        use_cache=past_key_values is not None,
+        logits_to_keep=keep,
+        **kwargs,
     )
     logits = out.logits
-    lp = _gather_logprobs(logits, input_ids, temperature)
-    valid = ~_row_starts(position_ids)
+    if logits.shape[1] != keep.numel():  # a model that ignores logits_to_keep returns every position
+        logits = logits[:, keep]
+    scores = logits.float()
+    if temperature != 1.0:
+        scores = scores / temperature
+    targets = input_ids[:, keep + 1].unsqueeze(-1)
+    # gather then subtract the logsumexp: no second (B, N, V) tensor for the normalised distribution
+    picked = scores.gather(-1, targets).squeeze(-1) - torch.logsumexp(scores, dim=-1)
+    lp = picked.new_zeros(input_ids.shape).index_copy(1, keep + 1, picked)
+    valid = (
+        ~_row_starts(position_ids)
+        if past_key_values is None
+        else torch.ones_like(input_ids, dtype=torch.bool)
+    )
+    valid[:, 0] = False
     if attention_mask is not None:
-        valid = valid & attention_mask.bool()
+        valid = valid & attention_mask[:, -length:].bool()
+    if loss_mask is not None:
+        valid = valid & loss_mask.bool()
     lp = lp * valid
     entropy = None
     if with_entropy:
         with torch.no_grad():
-            logp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+            logp = torch.log_softmax(scores.detach(), dim=-1)
             ent = -(logp.exp() * logp).sum(-1)
-            entropy = torch.nn.functional.pad(ent, (1, 0), value=0.0) * valid
+            entropy = ent.new_zeros(input_ids.shape).index_copy(1, keep + 1, ent) * valid
     return lp, entropy
 
 

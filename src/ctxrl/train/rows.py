@@ -3,6 +3,7 @@
     rows = episode_rows(episode, credit.steps)               # one episode -> its rows
     batches = pack_rows(rows, max_tokens=8192)               # packed sequences (block-diagonal attention)
     batches = pad_rows(rows, max_tokens=8192, pad_id=0)      # or padded batches, the fallback
+    units = share_prefixes(rows, max_tokens=8192, pad_id=0)  # or each group's common prefix once
     row_stats(rows)                                          # what training will cost, in tokens
 
 **Rows.** A step whose prompt was built by extending the previous one (``prompt_source == "extend"``) and
@@ -23,12 +24,21 @@ i.e. attention stays block-diagonal. :func:`pad_rows` is the fallback for models
 of similar length are batched with right padding so ``rows × longest`` stays within ``max_tokens``. A row
 longer than ``max_tokens`` travels alone in its own microbatch (rows are never cut: the cut would lose the
 context its loss tokens were generated from).
+
+**Shared prefixes.** Every row of a group (all the episodes of one task) begins with the same pinned prefix
+(system prompt, skill, task). :func:`share_prefixes` finds that common prefix once per group (the longest
+common prefix of the group's rows, ending before the first loss token of any of them) and lays out the
+rest of each row as a *suffix* in padded microbatches (``kind == "shared"``) whose position ids continue
+from the prefix. The trainer runs the prefix once, lets every suffix attend to its keys and values, and
+sums the suffixes' gradients back through the one copy (:mod:`ctxrl.train.update`): the same loss and
+gradients as the rows laid out whole, for the prefix's tokens paid once per group instead of once per row.
+A layout is a list of :class:`LayoutUnit`: a prefix (possibly empty) and the microbatches that follow it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Literal
 
@@ -194,10 +204,12 @@ class Microbatch:
     ``kind == "packed"``: ``B == 1``, several rows back to back, ``cu_seqlens`` their boundaries
     (``[0, len(row0), len(row0)+len(row1), …]``), ``attention_mask`` None. ``kind == "padded"``: one row
     per line, right-padded; ``attention_mask`` 1 on real tokens, ``cu_seqlens`` None. In both, pad tokens
-    and prompt tokens have loss mask 0.
+    and prompt tokens have loss mask 0. ``kind == "shared"``: the suffixes of rows whose first
+    ``prefix_len`` ids are a :class:`LayoutUnit`'s prefix, right-padded like ``padded``, position ids from
+    ``prefix_len``; ``attention_mask`` covers the suffix tokens only (the prefix is all real).
     """
 
-    kind: Literal["packed", "padded"]
+    kind: Literal["packed", "padded", "shared"]
     input_ids: IntArray
     position_ids: IntArray
     loss_mask: FloatArray
@@ -209,10 +221,12 @@ class Microbatch:
     cu_seqlens: IntArray | None = None
     attention_mask: IntArray | None = None
     row_lengths: tuple[int, ...] = field(default=())
+    prefix_len: int = 0
+    """``kind == "shared"``: the length of the prefix the suffixes continue (0 for the other kinds)."""
 
     @property
     def num_tokens(self) -> int:
-        """Tokens through the model, padding included."""
+        """Tokens through the model, padding included (for ``shared``, the suffixes only)."""
         return int(self.input_ids.size)
 
     @property
@@ -324,33 +338,227 @@ def pad_rows(rows: Sequence[Row], max_tokens: int, pad_id: int) -> list[Microbat
     return out
 
 
-def forward_flops(
-    batches: Sequence[Microbatch], *, linear_params: int, n_layers: int, attn_width: int
-) -> float:
-    """Estimated FLOPs of one forward pass over ``batches``: ``2·linear_params`` per token through the model
-    (padding included) plus the attention scores of every line, ``4·n_layers·attn_width·T²`` — a packed line
-    pays for the pairs across its rows too, since the block mask hides them but the kernel still computes
-    them.
+@dataclass(frozen=True)
+class LayoutUnit:
+    """A prefix computed once and the microbatches that continue it; an empty prefix for plain layouts."""
+
+    prefix_ids: IntArray
+    """``(1, P)`` ids shared by every row of the unit's microbatches; ``P == 0`` when nothing is shared."""
+    batches: tuple[Microbatch, ...]
+    group: int = -1
+    """The group whose rows share the prefix (-1 for a plain unit)."""
+
+    @property
+    def prefix_len(self) -> int:
+        return int(self.prefix_ids.shape[1])
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens through the model: the prefix once plus every microbatch, padding included."""
+        return self.prefix_len + sum(mb.num_tokens for mb in self.batches)
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return sum(mb.num_loss_tokens for mb in self.batches)
+
+
+def plain_units(batches: Sequence[Microbatch]) -> list[LayoutUnit]:
+    """Packed or padded microbatches as a layout with nothing shared: one unit each, empty prefix."""
+    empty = np.zeros((1, 0), dtype=np.int64)
+    return [LayoutUnit(prefix_ids=empty, batches=(mb,)) for mb in batches]
+
+
+def first_loss_position(row: Row) -> int:
+    """Index of the row's first loss token (its length when it has none)."""
+    return next((t for t, m in enumerate(row.loss_mask) if m), len(row))
+
+
+def common_prefix_len(rows: Sequence[Row]) -> int:
+    """How many leading ids the ``rows`` can share: their longest common prefix, cut so that it ends at
+    least one token before any row's first loss token (so every loss token is predicted from a suffix
+    position) and leaves every row a non-empty suffix.
+
+    >>> a = Row([1, 2, 3, 4, 9], [0, 0, 0, 0, 1], [0.0] * 5, [0.0] * 5, [0] * 5, [(4, 5)], 0, 0, (0,))
+    >>> b = Row([1, 2, 3, 7, 8, 9], [0, 0, 0, 0, 1, 1], [0.0] * 6, [0.0] * 6, [0] * 6, [(4, 6)], 1, 0, (0,))
+    >>> common_prefix_len([a, b])
+    3
+    >>> common_prefix_len([a, a])   # identical rows: cut before the token that predicts the first loss token
+    3
+    """
+    if not rows:
+        return 0
+    first = rows[0].input_ids
+    n = min(len(r) for r in rows) - 1
+    n = min(n, *(first_loss_position(r) - 1 for r in rows))
+    for r in rows[1:]:
+        ids = r.input_ids
+        k = 0
+        while k < n and ids[k] == first[k]:
+            k += 1
+        n = k
+    return max(n, 0)
+
+
+def _suffix_batches(
+    rows: Sequence[Row], members: Sequence[int], prefix: int, max_tokens: int, pad_id: int
+) -> list[Microbatch]:
+    """The suffixes (from ``prefix`` on) of ``rows[members]`` as padded ``shared`` microbatches."""
+    cut = {
+        i: Row(
+            input_ids=rows[i].input_ids[prefix:],
+            loss_mask=rows[i].loss_mask[prefix:],
+            old_logprobs=rows[i].old_logprobs[prefix:],
+            advantages=rows[i].advantages[prefix:],
+            edit_mask=rows[i].edit_mask[prefix:],
+            spans=[(s - prefix, e - prefix) for s, e in rows[i].spans],
+            episode=rows[i].episode,
+            group=rows[i].group,
+            steps=rows[i].steps,
+        )
+        for i in members
+    }
+    local = list(members)
+    out = []
+    for mb in pad_rows([cut[i] for i in local], max_tokens, pad_id):
+        out.append(
+            replace(
+                mb,
+                kind="shared",
+                position_ids=mb.position_ids + prefix,
+                rows=tuple(local[j] for j in mb.rows),
+                prefix_len=prefix,
+            )
+        )
+    return out
+
+
+MIN_SHARED_PREFIX = 16
+"""Groups whose rows share fewer leading tokens than this are laid out plainly (nothing worth sharing)."""
+
+
+def share_prefixes(
+    rows: Sequence[Row], max_tokens: int, pad_id: int, *, min_prefix: int = MIN_SHARED_PREFIX
+) -> list[LayoutUnit]:
+    """One unit per group of ``rows``: the group's common prefix (:func:`common_prefix_len`) once, and the
+    rows' suffixes as padded microbatches of at most ``max_tokens`` tokens each (a longer suffix alone).
+    A group whose prefix is shorter than ``min_prefix`` tokens, or that has a single row, is padded as it is
+    (one plain unit per microbatch). ``Microbatch.rows`` index into ``rows`` as for the other layouts.
+
+    >>> a = Row([1, 2, 3, 4, 9], [0, 0, 0, 0, 1], [0.0] * 5, [0.0] * 5, [0] * 5, [(4, 5)], 0, 0, (0,))
+    >>> b = Row([1, 2, 3, 7, 8, 9], [0, 0, 0, 0, 1, 1], [0.0] * 6, [0.0] * 6, [0] * 6, [(4, 6)], 1, 0, (0,))
+    >>> unit, = share_prefixes([a, b], 16, pad_id=0, min_prefix=2)
+    >>> unit.prefix_ids.tolist(), unit.batches[0].input_ids.tolist(), unit.batches[0].position_ids.tolist()
+    ([[1, 2, 3]], [[7, 8, 9], [4, 9, 0]], [[3, 4, 5], [3, 4, 3]])
+    >>> unit.num_tokens   # 3 prefix + 2 x 3 suffix tokens, where the rows laid out whole take 11
+    9
+    """
+    _check_budget(max_tokens)
+    groups: dict[int, list[int]] = {}
+    for i, r in enumerate(rows):
+        groups.setdefault(r.group, []).append(i)
+    units: list[LayoutUnit] = []
+    for g, members in groups.items():
+        chosen = [rows[i] for i in members]
+        prefix = common_prefix_len(chosen) if len(chosen) > 1 else 0
+        if prefix < max(min_prefix, 1):
+            for mb in pad_rows(chosen, max_tokens, pad_id):
+                units.extend(plain_units([replace(mb, rows=tuple(members[j] for j in mb.rows))]))
+            continue
+        units.append(
+            LayoutUnit(
+                prefix_ids=np.asarray([rows[members[0]].input_ids[:prefix]], dtype=np.int64),
+                batches=tuple(_suffix_batches(rows, members, prefix, max_tokens, pad_id)),
+                group=g,
+            )
+        )
+    return units
+
+
+@dataclass(frozen=True)
+class LayoutSizes:
+    """What a layout is priced with: the model's geometry (:func:`ctxrl.train.update.layout_sizes`)."""
+
+    body_params: int
+    """Linear parameters every token passes through (the layers, not the embedding lookup)."""
+    head_params: int
+    """Parameters of the LM head, paid only at the positions whose logits are taken."""
+    n_layers: int
+    attn_width: int
+    """Query width per layer (heads × head dim)."""
+
+
+def head_positions(mb: Microbatch) -> int:
+    """Positions whose logits the trainer computes: those that predict a loss token, the union over the
+    lines of a batched microbatch (one index set serves every line), times the lines."""
+    needed = mb.loss_mask[:, 1:].any(axis=0)
+    return int(needed.sum()) * int(mb.input_ids.shape[0])
+
+
+def layout_flops(units: Sequence[LayoutUnit], sizes: LayoutSizes) -> float:
+    """Estimated FLOPs of one forward pass over a layout: ``2·body_params`` per token through the model
+    (padding and each prefix once included), ``2·head_params`` per logit position (:func:`head_positions`),
+    and the attention scores, ``4·n_layers·attn_width`` per query-key pair the kernel computes — a packed
+    line pays for every pair of its ``T`` tokens (the block mask hides pairs across rows, SDPA still computes
+    them), a padded line and a prefix for ``S²/2`` (no mask: right padding needs none under causal attention,
+    and the causal kernel skips the upper triangle), a suffix line for ``S·(P + S)`` (a dense mask offsets
+    its causal triangle past the prefix, and the kernel computes every pair).
 
     >>> a = Row([1, 2, 3], [0, 0, 1], [0, 0, -0.5], [0, 0, 2.0], [0, 0, 0], [(2, 3)], 0, 0, (0,))
-    >>> forward_flops(pack_rows([a, a], 8), linear_params=10, n_layers=1, attn_width=1)  # 2*10*6 + 4*36
-    264.0
-    >>> forward_flops(pad_rows([a, a], 8, 0), linear_params=10, n_layers=1, attn_width=1)  # 2*10*6 + 4*2*9
-    192.0
+    >>> sizes = LayoutSizes(body_params=10, head_params=5, n_layers=1, attn_width=1)
+    >>> layout_flops(plain_units(pack_rows([a, a], 8)), sizes)  # 2*10*6 + 2*5*2*1 + 4*36
+    284.0
+    >>> layout_flops(plain_units(pad_rows([a, a], 8, 0)), sizes)  # 2*10*6 + 2*5*2*1 + 4*2*9/2
+    176.0
     """
+    attn = 4.0 * sizes.n_layers * sizes.attn_width
     total = 0.0
-    for mb in batches:
-        lines, width = mb.input_ids.shape
-        total += lines * (2.0 * linear_params * width + 4.0 * n_layers * attn_width * width * width)
+    for unit in units:
+        p = unit.prefix_len
+        total += 2.0 * sizes.body_params * p + attn * p * p / 2
+        for mb in unit.batches:
+            lines, width = mb.input_ids.shape
+            keys = {"packed": width * width, "padded": width * width / 2}.get(mb.kind, width * (p + width))
+            total += lines * (2.0 * sizes.body_params * width + attn * keys)
+            total += 2.0 * sizes.head_params * head_positions(mb)
     return total
 
 
-def cheaper_layout(
-    rows: Sequence[Row], max_tokens: int, pad_id: int, *, linear_params: int, n_layers: int, attn_width: int
-) -> list[Microbatch]:
-    """The packed or the padded layout of ``rows``, whichever :func:`forward_flops` prices lower (ties:
-    packed). Packing wins when rows differ in length (no padding); padding wins when they are alike, since
-    a packed line also computes the attention between its rows."""
-    sizes = {"linear_params": linear_params, "n_layers": n_layers, "attn_width": attn_width}
-    packed, padded = pack_rows(rows, max_tokens), pad_rows(rows, max_tokens, pad_id)
-    return padded if forward_flops(padded, **sizes) < forward_flops(packed, **sizes) else packed
+LayoutKind = Literal["packed", "padded", "shared"]
+
+
+def build_layout(rows: Sequence[Row], kind: LayoutKind, max_tokens: int, pad_id: int) -> list[LayoutUnit]:
+    """``rows`` in one layout: packed lines, padded batches, or shared prefixes with padded suffixes."""
+    if kind == "packed":
+        return plain_units(pack_rows(rows, max_tokens))
+    if kind == "padded":
+        return plain_units(pad_rows(rows, max_tokens, pad_id))
+    return share_prefixes(rows, max_tokens, pad_id)
+
+
+def cheapest_layout(
+    rows: Sequence[Row],
+    max_tokens: int,
+    pad_id: int,
+    sizes: LayoutSizes,
+    kinds: Sequence[LayoutKind] = ("shared", "packed", "padded"),
+) -> list[LayoutUnit]:
+    """The layout of ``rows`` among ``kinds`` that :func:`layout_flops` prices lowest (ties: the earlier
+    kind). Shared prefixes win when rows of a group begin alike (every GRPO group does); packing wins when
+    rows differ in length and share little; padding when they are alike in length and share little."""
+    best: list[LayoutUnit] | None = None
+    best_flops = 0.0
+    for kind in kinds:
+        layout = build_layout(rows, kind, max_tokens, pad_id)
+        flops = layout_flops(layout, sizes)
+        if best is None or flops < best_flops:
+            best, best_flops = layout, flops
+    assert best is not None, "at least one layout kind"
+    return best
+
+
+def layout_kind(units: Sequence[LayoutUnit]) -> str:
+    """``shared`` when any unit shares a prefix, else the kind of the microbatches (``packed``/``padded``)."""
+    if any(u.prefix_len for u in units):
+        return "shared"
+    kinds = {mb.kind for u in units for mb in u.batches}
+    return kinds.pop() if len(kinds) == 1 else "mixed"

@@ -1,0 +1,291 @@
+"""The update: one optimiser step's forward, loss and backward over a layout of rows.
+
+    sizes = layout_sizes(policy)                                      # geometry for pricing layouts
+    units = make_layout(rows, "auto", 8192, pad_id, sizes)            # shared prefixes / packed / padded
+    result = backward_layout(model, units, loss_config, num_loss_tokens=n)   # gradients accumulate
+    optimizer.step()
+
+The trainer (:func:`ctxrl.train.grpo.train`), the TRL parity test and ``ctxrl bench train`` all call
+:func:`backward_layout`, so what is tested and timed is what trains.
+
+**A shared prefix, computed once.** A :class:`ctxrl.train.rows.LayoutUnit` with a prefix runs it once, with
+the KV cache on. Its keys and values become leaf tensors that every suffix microbatch attends to (expanded to
+the batch, not copied), so each suffix's backward leaves the gradient of the prefix's keys and values in those
+leaves; after the unit's last suffix, one backward through the prefix carries the summed gradient into the
+weights. The result is the gradient of the rows laid out whole, exactly (within float rounding): the prefix's
+activations are the same for every row, and the chain rule sums over their uses.
+
+**Logits only where the loss is.** Every forward passes the microbatch's loss mask to
+:func:`ctxrl.train.logprobs.token_logprobs`, which runs the LM head and log-softmax at the positions that
+predict a loss token only. Entropy, the old and the reference logprobs are taken at the same positions.
+
+**Processes.** Under DDP every rank must run the same number of backward passes (DDP all-reduces on the
+last): the caller pads the units to the same count with :func:`empty_unit` and gives ``sync(last)``, the
+context each pass runs in (``accelerator.no_sync`` until the last). A shared prefix adds a second backward
+per unit, which DDP's once-per-forward reducer does not allow, so :func:`make_layout` shares prefixes only in
+a single process (``shared_ok``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ctxrl.errors import ConfigError
+from ctxrl.rewards.cost import ModelGeometry
+from ctxrl.train.logprobs import token_logprobs
+from ctxrl.train.loss import LossConfig, LossStats, policy_loss
+from ctxrl.train.rows import (
+    LayoutKind,
+    LayoutSizes,
+    LayoutUnit,
+    Microbatch,
+    Row,
+    build_layout,
+    cheapest_layout,
+    pad_rows,
+    plain_units,
+)
+
+Packing = str
+"""``auto``, ``shared``, ``packed`` or ``padded`` (``TrainConfig.packing``)."""
+
+
+def layout_sizes(model: Any) -> LayoutSizes | None:
+    """The geometry :func:`ctxrl.train.rows.cheapest_layout` prices with; None when it is unknown (e.g. a
+    mixture of experts)."""
+    try:
+        geometry = ModelGeometry.from_config(model.config)
+    except ConfigError:
+        return None
+    head = model.get_output_embeddings()
+    return LayoutSizes(
+        body_params=geometry.n_body,
+        head_params=int(head.weight.numel()) if head is not None else 0,
+        n_layers=geometry.n_layers,
+        attn_width=geometry.attn_width,
+    )
+
+
+def make_layout(
+    rows: Sequence[Row],
+    packing: Packing,
+    max_tokens: int,
+    pad_id: int,
+    sizes: LayoutSizes | None,
+    *,
+    packs: bool = True,
+    shared_ok: bool = True,
+) -> list[LayoutUnit]:
+    """The units of one update. ``packing: auto`` prices every layout the model and the process allow (shared
+    prefixes when ``shared_ok``, packed lines when the model honours packing, ``packs``) and takes the
+    cheapest; with unknown ``sizes`` it takes the first allowed of shared, packed, padded."""
+    kinds: list[LayoutKind] = []
+    if shared_ok:
+        kinds.append("shared")
+    if packs:
+        kinds.append("packed")
+    kinds.append("padded")
+    if packing != "auto":
+        if packing not in ("shared", "packed", "padded"):
+            raise ConfigError(f"packing must be auto, shared, packed or padded, got {packing!r}")
+        if packing not in kinds:
+            why = "a single process" if packing == "shared" else "a model that honours position-id packing"
+            raise ConfigError(f"packing: {packing} needs {why}; use packing: auto")
+        return build_layout(rows, packing, max_tokens, pad_id)
+    if sizes is None:
+        return build_layout(rows, kinds[0], max_tokens, pad_id)
+    return cheapest_layout(rows, max_tokens, pad_id, sizes, kinds)
+
+
+def empty_unit(pad_id: int) -> LayoutUnit:
+    """Two pad tokens with no loss: keeps a rank with fewer microbatches in step with DDP's syncs."""
+    empty = Row([pad_id, pad_id], [0, 0], [0.0, 0.0], [0.0, 0.0], [0, 0], [], -1, -1, ())
+    return plain_units(pad_rows([empty], 2, pad_id))[0]
+
+
+def microbatch_tensors(mb: Microbatch, device: Any) -> dict[str, torch.Tensor]:
+    """The arrays of ``mb`` as tensors on ``device`` (the model's attention mask covers a shared prefix)."""
+    tensors = {
+        "input_ids": torch.from_numpy(mb.input_ids).to(device),
+        "position_ids": torch.from_numpy(mb.position_ids).to(device),
+        "loss_mask": torch.from_numpy(mb.loss_mask).float().to(device),
+        "old_logprobs": torch.from_numpy(mb.old_logprobs).float().to(device),
+        "advantages": torch.from_numpy(mb.advantages).float().to(device),
+    }
+    if mb.attention_mask is not None:
+        mask = torch.from_numpy(mb.attention_mask).to(device)
+        if mb.prefix_len:
+            mask = torch.cat([mask.new_ones(mask.shape[0], mb.prefix_len), mask], dim=1)
+        tensors["attention_mask"] = mask
+    return tensors
+
+
+# ---- the shared prefix: its keys and values, once ------------------------------------------------------
+
+
+@dataclass
+class PrefixState:
+    """A prefix's forward: its keys and values per layer, and leaves that collect their gradients."""
+
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+    """The prefix's keys and values as computed (attached to its graph when gradients flow)."""
+    leaves: list[tuple[torch.Tensor, torch.Tensor]]
+    """Detached copies the suffixes attend to; their ``.grad`` sums every suffix's gradient."""
+
+    config: Any = None
+    """The model's config (a cache built from it knows each layer's kind)."""
+
+    def cache(self, batch: int) -> Any:
+        """A transformers cache holding the prefix once per line of a ``batch``-line microbatch (views)."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.config)
+        for i, (k, v) in enumerate(self.leaves):
+            cache.update(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1), i)
+        return cache
+
+    def backward(self) -> None:
+        """Carry the leaves' summed gradient through the prefix into the weights."""
+        outputs, grads = [], []
+        for (k, v), (lk, lv) in zip(self.kv, self.leaves):
+            for t, leaf in ((k, lk), (v, lv)):
+                if leaf.grad is not None and t.requires_grad:
+                    outputs.append(t)
+                    grads.append(leaf.grad)
+        if outputs:
+            torch.autograd.backward(outputs, grads)
+
+
+def _cache_pairs(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        return [(layer.keys, layer.values) for layer in layers]
+    return list(zip(cache.key_cache, cache.value_cache))  # older transformers
+
+
+def prefix_forward(model: Any, prefix_ids: np.ndarray, device: Any) -> PrefixState:
+    """Run ``prefix_ids`` ``(1, P)`` once with the cache on (no logits); gradients flow if enabled."""
+    ids = torch.from_numpy(prefix_ids).to(device)
+    out = model(
+        input_ids=ids,
+        position_ids=torch.arange(ids.shape[1], device=device)[None],
+        use_cache=True,
+        logits_to_keep=torch.zeros(0, dtype=torch.long, device=device),
+    )
+    kv = _cache_pairs(out.past_key_values)
+    grad = torch.is_grad_enabled()
+    leaves = [(k.detach().requires_grad_(grad), v.detach().requires_grad_(grad)) for k, v in kv]
+    return PrefixState(kv=kv, leaves=leaves, config=getattr(model, "config", None))
+
+
+def microbatch_logprobs(
+    model: Any,
+    mb: Microbatch,
+    tensors: dict[str, torch.Tensor],
+    prefix: PrefixState | None,
+    *,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logprobs (and entropies) of ``mb`` at its loss positions, after ``prefix`` for a suffix batch."""
+    return token_logprobs(
+        model,
+        tensors["input_ids"],
+        tensors["position_ids"],
+        tensors.get("attention_mask"),
+        with_entropy=with_entropy,
+        loss_mask=tensors["loss_mask"],
+        past_key_values=None if prefix is None else prefix.cache(mb.input_ids.shape[0]),
+        right_padded=mb.kind != "packed",
+    )
+
+
+@torch.no_grad()
+def layout_logprobs(model: Any, units: Sequence[LayoutUnit], device: Any) -> list[list[torch.Tensor]]:
+    """Logprobs at the loss positions of every microbatch of ``units``, without gradients (old or
+    reference logprobs), ``[unit][microbatch]``."""
+    out = []
+    for unit in units:
+        prefix = prefix_forward(model, unit.prefix_ids, device) if unit.prefix_len else None
+        out.append(
+            [microbatch_logprobs(model, mb, microbatch_tensors(mb, device), prefix)[0] for mb in unit.batches]
+        )
+    return out
+
+
+# ---- the backward over a layout -------------------------------------------------------------------------
+
+
+@dataclass
+class BackwardResult:
+    """Sums over the layout's loss tokens (add across ranks before dividing)."""
+
+    stats: LossStats
+    entropy_sum: float
+    loss: float
+    """The step's loss (this process's share of the token mean)."""
+
+
+def _no_context(last: bool) -> contextlib.AbstractContextManager[Any]:
+    return contextlib.nullcontext()
+
+
+def backward_layout(
+    model: Any,
+    units: Sequence[LayoutUnit],
+    loss_config: LossConfig,
+    *,
+    num_loss_tokens: float,
+    device: Any = None,
+    scale: float = 1.0,
+    old_logprobs: Sequence[Sequence[torch.Tensor]] | None = None,
+    reference: Callable[[LayoutUnit], list[torch.Tensor]] | None = None,
+    backward: Callable[[torch.Tensor], None] | None = None,
+    sync: Callable[[bool], contextlib.AbstractContextManager[Any]] = _no_context,
+) -> BackwardResult:
+    """Forward, loss and backward over every microbatch of ``units``; gradients accumulate in ``model``.
+
+    ``num_loss_tokens``: the loss-token count of the whole optimiser step (every rank); ``scale`` multiplies
+    each loss before its backward (DDP: the world size, :func:`ctxrl.train.loss.token_mean_scale`).
+    ``old_logprobs[u][i]``: the trainer's logprobs before this step (None: on-policy). ``reference(unit)``:
+    reference logprobs of the unit's microbatches (required when ``loss_config.kl_coef > 0``).
+    ``backward(loss)`` runs a backward (default ``loss.backward()``; pass ``accelerator.backward``);
+    ``sync(last)`` is the context of each pass (see the module docstring).
+    """
+    if device is None:
+        device = next(model.parameters()).device
+    run_backward = backward or (lambda loss: loss.backward())
+    stats, entropy_sum, total = LossStats(), 0.0, 0.0
+    for u, unit in enumerate(units):
+        last_unit = u == len(units) - 1
+        refs = reference(unit) if reference is not None else None
+        prefix = prefix_forward(model, unit.prefix_ids, device) if unit.prefix_len else None
+        for i, mb in enumerate(unit.batches):
+            last = last_unit and i == len(unit.batches) - 1 and prefix is None
+            with sync(last):
+                tensors = microbatch_tensors(mb, device)
+                logprobs, entropy = microbatch_logprobs(model, mb, tensors, prefix, with_entropy=True)
+                out = policy_loss(
+                    logprobs,
+                    None if old_logprobs is None or u >= len(old_logprobs) else old_logprobs[u][i],
+                    tensors["old_logprobs"],
+                    tensors["advantages"],
+                    tensors["loss_mask"],
+                    loss_config,
+                    num_loss_tokens=num_loss_tokens,
+                    ref_logprobs=None if refs is None else refs[i],
+                )
+                run_backward(out.loss * scale)
+            stats += out.stats
+            assert entropy is not None
+            entropy_sum += float((entropy * tensors["loss_mask"]).sum())
+            total += float(out.loss.detach())
+        if prefix is not None:
+            with sync(last_unit):
+                prefix.backward()
+    return BackwardResult(stats=stats, entropy_sum=entropy_sum, loss=total)

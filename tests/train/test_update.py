@@ -1,0 +1,170 @@
+"""The update is exact in every layout: shared prefixes and logits only at loss positions change the cost of
+a step, not its loss or gradients (within 1e-5 of one packed line with full-vocabulary logits)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from ctxrl.train.logprobs import token_logprobs
+from ctxrl.train.loss import LossConfig, policy_loss
+from ctxrl.train.rows import Row, build_layout, layout_kind, pack_rows
+from ctxrl.train.update import backward_layout, layout_logprobs, layout_sizes, make_layout
+
+ATOL = 1e-5
+LOSS = LossConfig(tis_cap=2.0)
+
+
+def group_rows(
+    vocab: int, *, seed: int = 0, groups: int = 2, episodes: int = 3, prefix: int = 40
+) -> list[Row]:
+    """Rows as GRPO makes them: every row of a group starts with the group's pinned prefix; each has two
+    generated spans with an observation between them, advantages and engine logprobs of its own."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(n: int) -> list[int]:
+        return torch.randint(3, vocab, (n,), generator=gen).tolist()
+
+    shared = rand(prefix)
+    rows = []
+    for g in range(groups):
+        pinned = shared + rand(10)  # system prompt for all, then this group's task
+        for e in range(episodes):
+            head = pinned + rand(5 + 7 * e)
+            first, obs, second = rand(6), rand(4), rand(5)
+            ids = head + first + obs + second
+            n = len(ids)
+            s1, s2 = len(head), len(head) + len(first) + len(obs)
+            mask, adv, old = [0] * n, [0.0] * n, [0.0] * n
+            for a, b in ((s1, s1 + len(first)), (s2, n)):
+                for t in range(a, b):
+                    mask[t], adv[t], old[t] = 1, 10.0 * (e - 1) + 3.0 * g, -1.0 - 0.01 * t
+            rows.append(
+                Row(ids, mask, old, adv, [0] * n, [(s1, s1 + 6), (s2, n)], g * episodes + e, g, (0, 1))
+            )
+    return rows
+
+
+def reference_backward(model: Any, rows: list[Row]) -> tuple[float, dict[str, torch.Tensor]]:
+    """The layout being replaced: one packed line, logits and log-softmax at every position."""
+    model.zero_grad(set_to_none=True)
+    (mb,) = pack_rows(rows, 1 << 20)
+    ids, pos = torch.from_numpy(mb.input_ids), torch.from_numpy(mb.position_ids)
+    lp, _ = token_logprobs(model, ids, pos)  # no loss mask: the LM head at every position
+    mask = torch.from_numpy(mb.loss_mask).float()
+    out = policy_loss(
+        lp,
+        None,
+        torch.from_numpy(mb.old_logprobs).float(),
+        torch.from_numpy(mb.advantages).float(),
+        mask,
+        LOSS,
+        num_loss_tokens=float(mask.sum()),
+    )
+    out.loss.backward()
+    return float(out.loss.detach()), grads(model)
+
+
+def grads(model: Any) -> dict[str, torch.Tensor]:
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def layout_backward(model: Any, rows: list[Row], kind: str, max_tokens: int) -> tuple[float, dict[str, Any]]:
+    model.zero_grad(set_to_none=True)
+    units = build_layout(rows, kind, max_tokens, 0)  # type: ignore[arg-type]
+    assert layout_kind(units) == kind
+    n = float(sum(r.num_loss_tokens for r in rows))
+    result = backward_layout(model, units, LOSS, num_loss_tokens=n)
+    assert result.stats.tokens == n
+    return result.loss, grads(model)
+
+
+def assert_same(ours: tuple[float, dict[str, Any]], theirs: tuple[float, dict[str, Any]]) -> None:
+    assert abs(ours[0] - theirs[0]) <= ATOL
+    assert set(ours[1]) == set(theirs[1]) and ours[1]
+    for name, g in ours[1].items():
+        worst = float((g - theirs[1][name]).abs().max())
+        assert worst <= ATOL, f"{name}: gradients differ by {worst:.2e}"
+    # not vacuous: the gradients are far larger than the tolerance
+    assert max(float(g.abs().max()) for g in ours[1].values()) > 1e-3
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).train()
+
+
+@pytest.mark.parametrize(
+    ("kind", "max_tokens"), [("packed", 4096), ("padded", 128), ("shared", 64), ("shared", 4096)]
+)
+def test_every_layout_gives_the_loss_and_gradients_of_one_packed_line(
+    model: Any, kind: str, max_tokens: int
+) -> None:
+    rows = group_rows(model.config.vocab_size)
+    assert_same(layout_backward(model, rows, kind, max_tokens), reference_backward(model, rows))
+
+
+def test_shared_prefix_with_lora_matches_packed(tiny_model_dir: Path) -> None:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    # LoRA on q and v only: the prefix's keys of layer 0 need no gradient, its values do
+    policy = get_peft_model(
+        base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"])
+    )
+    torch.manual_seed(0)
+    for p in policy.parameters():
+        if p.requires_grad:
+            torch.nn.init.normal_(p, std=0.05)
+    rows = group_rows(base.config.vocab_size, seed=3)
+    shared = layout_backward(policy, rows, "shared", 64)
+    assert all("lora" in name for name in shared[1])
+    assert_same(shared, layout_backward(policy, rows, "packed", 4096))
+
+
+def test_old_and_reference_logprobs_are_those_of_the_rows_alone(model: Any) -> None:
+    rows = group_rows(model.config.vocab_size, seed=5)
+    units = build_layout(rows, "shared", 64, 0)
+    with torch.no_grad():
+        for unit, lps in zip(units, layout_logprobs(model, units, torch.device("cpu"))):
+            for mb, lp in zip(unit.batches, lps):
+                for line, i in enumerate(mb.rows):
+                    ids = torch.tensor([rows[i].input_ids])
+                    alone, _ = token_logprobs(model, ids, torch.arange(ids.shape[1])[None])
+                    mask = torch.tensor(rows[i].loss_mask, dtype=torch.bool)
+                    suffix = lp[line, : len(rows[i]) - unit.prefix_len]
+                    got = torch.cat([torch.zeros(unit.prefix_len), suffix])
+                    assert torch.allclose(got[mask], alone[0][mask], atol=ATOL)
+                    assert bool((got[~mask] == 0).all())  # the LM head ran only at loss positions
+
+
+def test_auto_shares_prefixes_in_one_process_and_not_under_ddp(model: Any) -> None:
+    rows = group_rows(model.config.vocab_size)
+    sizes = layout_sizes(model)
+    assert sizes is not None and sizes.head_params == model.get_output_embeddings().weight.numel()
+    assert layout_kind(make_layout(rows, "auto", 4096, 0, sizes)) == "shared"
+    assert layout_kind(make_layout(rows, "auto", 4096, 0, sizes, shared_ok=False)) in {"packed", "padded"}
+
+
+SMOL_DIR = os.environ.get("CTXRL_SMOLLM2_DIR")
+
+
+@pytest.mark.slow
+def test_shared_prefix_is_exact_on_smollm2_rows() -> None:
+    """SmolLM2-135M-Instruct (a real model: 30 layers, grouped-query attention, tied head): shared prefix and logits at
+    loss positions against one packed line with full logits."""
+    from transformers import AutoModelForCausalLM
+
+    from ctxrl.train.models import get_model
+
+    folder = get_model(SMOL_DIR or "smollm2-135m-instruct")  # the registry's cache (a download on first use)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).train()
+    rows = group_rows(model.config.vocab_size, groups=1, episodes=3, prefix=200)
+    assert_same(layout_backward(model, rows, "shared", 512), reference_backward(model, rows))
