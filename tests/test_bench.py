@@ -309,6 +309,9 @@ def test_bench_train_quick(tmp_path: Path) -> None:
         "matmul_gflops",
         "smollm2_rollout_s",
         "smollm2_step_s",
+        "sft_speedup",
+        "sft_tokens_per_s",
+        "sft_trl_tokens_per_s",
     }
     # every row of the group starts with the pinned prefix: the update computes it once
     assert figures["smollm2_layout_shared"] == 1.0
@@ -317,6 +320,9 @@ def test_bench_train_quick(tmp_path: Path) -> None:
         figures["smollm2_legacy_update_s"] / figures["smollm2_update_s"]
     )
     assert figures["matmul_gflops"] > 0 and figures["update_flops_efficiency"] > 0
+    assert figures["sft_speedup"] == pytest.approx(
+        figures["sft_tokens_per_s"] / figures["sft_trl_tokens_per_s"]
+    )
     # --quick episodes: a 64-id prompt, 4 steps of 8 generated + 16 observed ids, an edit at step 1 that halves
     # the editable region. Rows: steps 0-1 (prompt 88 + 8) and steps 2-3 (prompt 112 + 8) = 216 ids;
     # one row per step: 72 + 96 + 96 + 120 = 384.

@@ -12,7 +12,7 @@ import pytest
 
 from ctxrl.config import load_config
 from ctxrl.errors import ConfigError, UsageError
-from ctxrl.train.sft import SFTConfig, load_demonstrations, sft_examples, train_sft
+from ctxrl.train.sft import SFTConfig, SFTExample, load_demonstrations, sft_examples, sft_steps, train_sft
 from ctxrl.train.trajectory import save_trajectories
 
 
@@ -87,9 +87,11 @@ def _copy_task(records: SimpleNamespace, n: int) -> list:
     return eps
 
 
-@pytest.mark.parametrize("lora", [False, True])
+@pytest.mark.parametrize(
+    ("lora", "trainer"), [(False, "ctxrl"), (True, "ctxrl"), (False, "trl"), (True, "trl")]
+)
 def test_short_run_lowers_the_loss_and_saves_a_loadable_model(
-    records: SimpleNamespace, tiny_model_dir: Path, tmp_path: Path, lora: bool
+    records: SimpleNamespace, tiny_model_dir: Path, tmp_path: Path, lora: bool, trainer: str
 ) -> None:
     import torch
     from transformers import AutoModelForCausalLM
@@ -103,13 +105,16 @@ def test_short_run_lowers_the_loss_and_saves_a_loadable_model(
         max_seq_len=64,
         batch_tokens=64 * 4,
         log_every=3,
+        trainer=trainer,  # type: ignore[arg-type]
         lora=load_config(SFTConfig, None, ["lora.enabled=true", "lora.r=8"]).lora
         if lora
         else SFTConfig().lora,
     )
     result = train_sft(cfg, tiny_model_dir, examples, tmp_path, progress=False)
-    assert result.steps == 6
-    assert result.packed  # the tiny Qwen3 honours position-id packing
+    assert result.steps == 6 and result.trainer == trainer
+    # TRL packs (the tiny Qwen3 honours position-id packing); ctxrl prices the layouts and pads these 6-token rows
+    # of alike length, which share no prefix (a packed line would compute attention across its rows)
+    assert result.packed if trainer == "trl" else result.layout == "padded"
     assert result.loss_after < result.loss_before - 0.5, (result.loss_before, result.loss_after)
     model = AutoModelForCausalLM.from_pretrained(result.model_dir)  # a plain folder: no adapter left
     assert not any("lora" in name for name, _ in model.named_parameters())
@@ -137,7 +142,9 @@ def test_gradient_checkpointing_reaches_trl_off_by_default_and_changes_no_result
     examples, _ = sft_examples(_copy_task(records, 16), max_seq_len=64)
     losses = []
     for on in (False, True):
-        cfg = SFTConfig(lr=3e-3, max_steps=2, max_seq_len=64, batch_tokens=256, gradient_checkpointing=on)
+        cfg = SFTConfig(
+            lr=3e-3, max_steps=2, max_seq_len=64, batch_tokens=256, gradient_checkpointing=on, trainer="trl"
+        )
         losses.append(train_sft(cfg, tiny_model_dir, examples, tmp_path / str(on), progress=False).loss_after)
     assert seen == [False, True] and SFTConfig().gradient_checkpointing is False  # TRL's own default is True
     assert losses[0] == pytest.approx(losses[1], abs=1e-4)  # recomputing activations is exact
@@ -219,3 +226,49 @@ def test_ctxrl_sft_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureF
 
     assert _main("sft", "sft.max_seq_len=4096", "sft.batch_tokens=1", "--out", str(tmp_path / "o3")) == 1
     assert "batch_tokens" in capsys.readouterr().err
+
+
+def test_ctxrl_sft_update_is_the_plain_cross_entropy(records: SimpleNamespace, tiny_model_dir: Path) -> None:
+    """The SFT update (shared prefixes, LM head at loss tokens) gives the loss and gradients of transformers'
+    own token-mean cross-entropy (``labels``, -100 off the completion), row by row."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ctxrl.train.rows import Row
+    from ctxrl.train.update import make_layout, nll_backward
+
+    gen = torch.Generator().manual_seed(0)
+    prefix = torch.randint(3, 200, (30,), generator=gen).tolist()
+    rows = []
+    for e in range(4):  # two episodes of two rows each, every row after the same 30-token prefix
+        body = torch.randint(3, 200, (8 + 3 * e,), generator=gen).tolist()
+        n = 30 + len(body)
+        mask = [0] * 33 + [1] * (n - 33)
+        rows.append(Row(prefix + body, mask, [0.0] * n, [0.0] * n, [0] * n, [], e // 2, e // 2, (0,)))
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).train()
+    n_loss = float(sum(r.num_loss_tokens for r in rows))
+    units = make_layout(rows, "shared", 4096, 0, None)
+    assert all(u.prefix_len > 0 for u in units)
+    result = nll_backward(model, units, num_loss_tokens=n_loss)
+    ours = {k: p.grad.clone() for k, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    total = 0.0
+    for r in rows:
+        ids = torch.tensor([r.input_ids])
+        labels = torch.tensor([[t if m else -100 for t, m in zip(r.input_ids, r.loss_mask)]])
+        loss = model(input_ids=ids, labels=labels).loss * (r.num_loss_tokens / n_loss)
+        loss.backward()
+        total += float(loss)
+    assert result.loss == pytest.approx(total, abs=1e-5)
+    assert result.stats.loss_sum / n_loss == pytest.approx(total, abs=1e-5)
+    for k, p in model.named_parameters():
+        assert torch.allclose(ours[k], p.grad, atol=1e-5), k
+    assert max(float(g.abs().max()) for g in ours.values()) > 1e-3
+
+
+def test_sft_steps_cover_every_example_once_per_epoch() -> None:
+    ex = [SFTExample([1] * n, [0] * (n - 1) + [1], i, (0,)) for i, n in enumerate([30, 20, 50, 10, 40, 25])]
+    steps = sft_steps(ex, SFTConfig(max_seq_len=64, batch_tokens=64, epochs=2))
+    assert sorted(i for s in steps for i in s) == sorted(list(range(6)) * 2)
+    assert all(sum(len(ex[i].input_ids) for i in s) <= 64 for s in steps)
+    assert len(sft_steps(ex, SFTConfig(max_seq_len=64, batch_tokens=64, max_steps=7))) == 7

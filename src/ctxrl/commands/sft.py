@@ -113,7 +113,7 @@ def sft_command(
 
 
 def _print_summary(s: dict[str, Any]) -> None:
-    layout = "packed" if s["packed"] else "one row per pass"
+    layout = f"{s['trainer']} trainer, {s['layout']} layout"
     kind = "LoRA (merged)" if s["lora"] else "full fine-tuning"
     print(f"sft ({kind}, {layout}) from {s['base_model']}")
     print(

@@ -13,7 +13,14 @@ records' own: nothing is decoded and re-tokenised. A row longer than ``max_seq_l
 ``max_seq_len`` tokens (every kept loss token still sees the context it was generated from); the loss
 tokens cut off are counted in :class:`ExampleStats`.
 
-**Training.** TRL's ``SFTTrainer`` on a pre-tokenised dataset (``input_ids`` + ``completion_mask``,
+**Training** (``trainer: ctxrl``, the default). The GRPO trainer's own update with a cross-entropy loss
+(:func:`ctxrl.train.update.nll_backward`): each optimiser step's examples (shuffled per epoch, cut into steps
+of at most ``batch_tokens`` tokens, :func:`sft_steps`) are laid out the cheapest way by estimated FLOPs —
+each episode's common prefix once with the rows' suffixes after it, packed lines or padded batches of at most
+``max_seq_len`` tokens — and the LM head runs only at the loss tokens. Token-mean cross-entropy over the
+step's loss tokens, AdamW, warm-up and decay, gradient clipping.
+
+**Training** (``trainer: trl``, the reference). TRL's ``SFTTrainer`` on a pre-tokenised dataset (``input_ids`` + ``completion_mask``,
 ``completion_only_loss``): token-mean cross-entropy over the loss tokens of each optimiser step. Rows are
 packed into ``max_seq_len``-token sequences (best-fit decreasing, position ids restart per row, attention
 kept within a row) when the model honours position-id packing, else one row per forward pass. LoRA (peft)
@@ -52,8 +59,14 @@ class SFTConfig:
     batch_tokens: int = 16384
     """Tokens per optimiser step: gradients accumulate over ``batch_tokens // max_seq_len`` sequences of at
     most ``max_seq_len`` tokens each (packed sequences, or one row each when padded)."""
-    packing: Literal["auto", "packed", "padded"] = "auto"
-    """``auto`` packs rows when the model honours position-id packing (checked once), else one row per pass."""
+    trainer: Literal["ctxrl", "trl"] = "ctxrl"
+    """``ctxrl``: the GRPO trainer's own update (:func:`ctxrl.train.update.nll_backward`: shared prefixes, the
+    LM head only at loss tokens) in a plain AdamW loop; ``trl``: TRL's ``SFTTrainer`` (the parity reference:
+    the same loss, slower on a CPU, ``ctxrl bench train``'s ``sft_speedup``)."""
+    packing: Literal["auto", "shared", "packed", "padded"] = "auto"
+    """``auto``: with ``trainer: ctxrl`` the cheapest layout of each step's rows by estimated FLOPs (each
+    episode's common prefix once, packed or padded); with ``trl`` packs rows when the model honours
+    position-id packing (checked once), else one row per pass. ``shared`` needs ``trainer: ctxrl``."""
     lr_scheduler: Literal["constant", "linear", "cosine"] = "linear"
     """Learning-rate schedule after warm-up (decays to 0 at the last step, except ``constant``)."""
     warmup_steps: int = 0
@@ -101,6 +114,8 @@ class SFTConfig:
             )
         if self.log_every < 1:
             raise ConfigError(f"sft.log_every must be >= 1, got {self.log_every}")
+        if self.packing == "shared" and self.trainer == "trl":
+            raise ConfigError("sft.packing: shared needs sft.trainer: ctxrl (TRL packs or pads rows)")
 
     @property
     def accumulation(self) -> int:
@@ -264,8 +279,8 @@ def demonstration_loss(model: Any, examples: Sequence[SFTExample]) -> float:
         for ex in examples:
             ids = torch.tensor([ex.input_ids], device=device)
             positions = torch.arange(len(ex.input_ids), device=device)[None]
-            lp, _ = token_logprobs(model, ids, positions)
-            mask = torch.tensor([ex.completion_mask], device=device, dtype=lp.dtype)
+            mask = torch.tensor([ex.completion_mask], device=device, dtype=torch.float32)
+            lp, _ = token_logprobs(model, ids, positions, loss_mask=mask)  # the LM head at loss tokens only
             total += float(-(lp * mask).sum())
             count += int(mask.sum())
     model.train(was_training)
@@ -285,8 +300,12 @@ class SFTResult:
     loss_before: float
     loss_after: float
     packed: bool
+    """Rows shared a forward pass (packed lines or shared prefixes) rather than one row per pass."""
     log: list[dict[str, float]]
     """The trainer's log lines (loss, learning rate, grad norm, token accuracy, ...)."""
+    layout: str = ""
+    """The layout the steps ran in: ``shared``, ``packed``, ``padded`` (or a mix, ``mixed``)."""
+    trainer: str = "trl"
 
     @property
     def tokens_per_s(self) -> float:
@@ -302,6 +321,8 @@ class SFTResult:
             "loss_before": self.loss_before,
             "loss_after": self.loss_after,
             "packed": self.packed,
+            "layout": self.layout,
+            "trainer": self.trainer,
         }
 
 
@@ -359,6 +380,8 @@ def train_sft(
     torch.manual_seed(config.seed)
     packed = config.packing == "packed" or (config.packing == "auto" and packing_supported(model))
     loss_before = demonstration_loss(model, examples)
+    if config.trainer == "ctxrl":
+        return _train_sft_ctxrl(config, model, tokenizer, examples, out, loss_before, progress=progress)
 
     dataset = datasets.Dataset.from_dict(
         {
@@ -402,13 +425,8 @@ def train_sft(
     trainer.train()
     wall = time.perf_counter() - start
 
-    trained: Any = trainer.model
-    if config.lora.enabled:
-        trained = trained.merge_and_unload()
+    trained, model_dir = _save(trainer.model, tokenizer, config, out)
     loss_after = demonstration_loss(trained, examples)
-    model_dir = out / "model"
-    trained.save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
     log = [dict(entry) for entry in trainer.state.log_history]
     tokens = max((int(e["num_tokens"]) for e in log if "num_tokens" in e), default=0)
     return SFTResult(
@@ -420,4 +438,178 @@ def train_sft(
         loss_after=loss_after,
         packed=packed,
         log=log,
+        layout="packed" if packed else "padded",
+        trainer="trl",
+    )
+
+
+def _save(trained: Any, tokenizer: Any, config: SFTConfig, out: Path) -> tuple[Any, Path]:
+    """Merge a LoRA adapter into the weights and save the model and tokenizer to ``<out>/model``."""
+    if config.lora.enabled:
+        trained = trained.merge_and_unload()
+    model_dir = out / "model"
+    trained.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    return trained, model_dir
+
+
+def sft_steps(examples: Sequence[SFTExample], config: SFTConfig) -> list[list[int]]:
+    """The optimiser steps of a run, as lists of example indices: each epoch shuffles the examples (seeded
+    by ``config.seed`` and the epoch) and cuts them, in that order, into steps of at most
+    ``config.batch_tokens`` tokens (an example longer than that alone). A fractional last epoch keeps the
+    first part of its steps; ``max_steps`` > 0 runs exactly that many (epochs repeat as needed).
+
+    >>> ex = [SFTExample([1] * n, [0] * (n - 1) + [1], 0, (0,)) for n in (6, 5, 4, 3)]
+    >>> len(sft_steps(ex, SFTConfig(max_seq_len=8, batch_tokens=10, epochs=1)))
+    2
+    """
+    import random
+
+    def epoch(k: int) -> list[list[int]]:
+        order = list(range(len(examples)))
+        random.Random(config.seed * 1000 + k).shuffle(order)
+        steps: list[list[int]] = []
+        used = 0
+        for i in order:
+            n = len(examples[i].input_ids)
+            if steps and used + n <= config.batch_tokens:
+                steps[-1].append(i)
+                used += n
+            else:
+                steps.append([i])
+                used = n
+        return steps
+
+    out: list[list[int]] = []
+    if config.max_steps > 0:
+        k = 0
+        while len(out) < config.max_steps:
+            out.extend(epoch(k))
+            k += 1
+        return out[: config.max_steps]
+    whole = int(config.epochs)
+    for k in range(whole):
+        out.extend(epoch(k))
+    part = config.epochs - whole
+    if part > 0:
+        last = epoch(whole)
+        out.extend(last[: max(1, math.ceil(part * len(last)))])
+    return out
+
+
+def _schedule(config: SFTConfig, total: int) -> Any:
+    """``step -> factor`` of the peak rate: linear warm-up, then constant, linear or cosine decay to 0."""
+
+    def factor(step: int) -> float:
+        if step < config.warmup_steps:
+            return (step + 1) / (config.warmup_steps + 1)
+        if config.lr_scheduler == "constant":
+            return 1.0
+        done = (step - config.warmup_steps) / max(1, total - config.warmup_steps)
+        if config.lr_scheduler == "linear":
+            return max(0.0, 1.0 - done)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, done)))
+
+    return factor
+
+
+def _train_sft_ctxrl(
+    config: SFTConfig,
+    model: Any,
+    tokenizer: Any,
+    examples: Sequence[SFTExample],
+    out: Path,
+    loss_before: float,
+    *,
+    progress: bool,
+) -> SFTResult:
+    """Supervised training with the GRPO trainer's update (see :attr:`SFTConfig.trainer`)."""
+    import torch
+
+    from ctxrl.train.logprobs import packing_supported
+    from ctxrl.train.rows import Row, layout_kind
+    from ctxrl.train.update import layout_sizes, make_layout, nll_backward
+
+    if config.lora.enabled:
+        from peft import get_peft_model
+
+        model = get_peft_model(model, _peft_config(config.lora))
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    steps = sft_steps(examples, config)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(config, len(steps)))
+    rows = [
+        Row(
+            input_ids=list(e.input_ids),
+            loss_mask=list(e.completion_mask),
+            old_logprobs=[0.0] * len(e.input_ids),
+            advantages=[0.0] * len(e.input_ids),
+            edit_mask=[0] * len(e.input_ids),
+            spans=[],
+            episode=e.episode,
+            group=e.episode,  # an episode's rows share its pinned prefix
+            steps=e.steps,
+        )
+        for e in examples
+    ]
+    sizes, packs = layout_sizes(model), packing_supported(model)
+    pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+    log: list[dict[str, float]] = []
+    kinds: set[str] = set()
+    tokens = 0
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(steps), desc="sft", unit="step")
+    start = time.perf_counter()
+    for k, members in enumerate(steps):
+        chosen = [rows[i] for i in members]
+        units = make_layout(chosen, config.packing, config.max_seq_len, pad_id, sizes, packs=packs)
+        kinds.add(layout_kind(units))
+        n_loss = float(sum(r.num_loss_tokens for r in chosen))
+        if n_loss == 0:
+            continue
+        result = nll_backward(model, units, num_loss_tokens=n_loss)
+        norm = (
+            float(torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm))
+            if config.max_grad_norm is not None
+            else 0.0
+        )
+        lr = float(scheduler.get_last_lr()[0])
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        tokens += sum(len(r) for r in chosen)
+        if (k + 1) % config.log_every == 0 or k + 1 == len(steps):
+            log.append(
+                {
+                    "step": float(k + 1),
+                    "loss": result.stats.loss_sum / n_loss,
+                    "learning_rate": lr,
+                    "grad_norm": norm,
+                    "num_tokens": float(tokens),
+                    "layout_tokens": float(sum(u.num_tokens for u in units)),
+                    "epoch": (k + 1) / max(1, len(steps)) * (config.epochs if config.max_steps == 0 else 1.0),
+                }
+            )
+        if bar is not None:
+            bar.update(1)
+    wall = time.perf_counter() - start
+    if bar is not None:
+        bar.close()
+    trained, model_dir = _save(model, tokenizer, config, out)
+    kind = kinds.pop() if len(kinds) == 1 else "mixed"
+    return SFTResult(
+        model_dir=model_dir,
+        steps=len(steps),
+        trained_tokens=tokens,
+        wall_s=wall,
+        loss_before=loss_before,
+        loss_after=demonstration_loss(trained, examples),
+        packed=kind != "padded",
+        log=log,
+        layout=kind,
+        trainer="ctxrl",
     )

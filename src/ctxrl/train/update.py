@@ -235,6 +235,47 @@ def _no_context(last: bool) -> contextlib.AbstractContextManager[Any]:
     return contextlib.nullcontext()
 
 
+MicrobatchLoss = Callable[[int, int, dict[str, torch.Tensor], torch.Tensor], tuple[torch.Tensor, LossStats]]
+"""``loss(unit_index, microbatch_index, tensors, logprobs) -> (loss, stats)`` of one microbatch."""
+
+
+def _backward_units(
+    model: Any,
+    units: Sequence[LayoutUnit],
+    loss_of: MicrobatchLoss,
+    *,
+    device: Any,
+    scale: float,
+    backward: Callable[[torch.Tensor], None] | None,
+    sync: Callable[[bool], contextlib.AbstractContextManager[Any]],
+    before_unit: Callable[[LayoutUnit], None] | None = None,
+) -> BackwardResult:
+    """The loop every update runs: per unit its prefix once, each microbatch's forward, loss and backward,
+    then the prefix's own backward."""
+    run_backward = backward or (lambda loss: loss.backward())
+    stats, entropy_sum, total = LossStats(), 0.0, 0.0
+    for u, unit in enumerate(units):
+        last_unit = u == len(units) - 1
+        if before_unit is not None:
+            before_unit(unit)
+        prefix = prefix_forward(model, unit.prefix_ids, device) if unit.prefix_len else None
+        for i, mb in enumerate(unit.batches):
+            last = last_unit and i == len(unit.batches) - 1 and prefix is None
+            with sync(last):
+                tensors = microbatch_tensors(mb, device)
+                logprobs, entropy = microbatch_logprobs(model, mb, tensors, prefix, with_entropy=True)
+                loss, mb_stats = loss_of(u, i, tensors, logprobs)
+                run_backward(loss * scale)
+            stats += mb_stats
+            assert entropy is not None
+            entropy_sum += float((entropy * tensors["loss_mask"]).sum())
+            total += float(loss.detach())
+        if prefix is not None:
+            with sync(last_unit):
+                prefix.backward()
+    return BackwardResult(stats=stats, entropy_sum=entropy_sum, loss=total)
+
+
 def backward_layout(
     model: Any,
     units: Sequence[LayoutUnit],
@@ -248,7 +289,8 @@ def backward_layout(
     backward: Callable[[torch.Tensor], None] | None = None,
     sync: Callable[[bool], contextlib.AbstractContextManager[Any]] = _no_context,
 ) -> BackwardResult:
-    """Forward, loss and backward over every microbatch of ``units``; gradients accumulate in ``model``.
+    """The policy-gradient update: forward, :func:`ctxrl.train.loss.policy_loss` and backward over every
+    microbatch of ``units``; gradients accumulate in ``model``.
 
     ``num_loss_tokens``: the loss-token count of the whole optimiser step (every rank); ``scale`` multiplies
     each loss before its backward (DDP: the world size, :func:`ctxrl.train.loss.token_mean_scale`).
@@ -257,35 +299,59 @@ def backward_layout(
     ``backward(loss)`` runs a backward (default ``loss.backward()``; pass ``accelerator.backward``);
     ``sync(last)`` is the context of each pass (see the module docstring).
     """
-    if device is None:
-        device = next(model.parameters()).device
-    run_backward = backward or (lambda loss: loss.backward())
-    stats, entropy_sum, total = LossStats(), 0.0, 0.0
-    for u, unit in enumerate(units):
-        last_unit = u == len(units) - 1
+    refs: list[torch.Tensor] | None = None
+
+    def take_reference(unit: LayoutUnit) -> None:
+        nonlocal refs
         refs = reference(unit) if reference is not None else None
-        prefix = prefix_forward(model, unit.prefix_ids, device) if unit.prefix_len else None
-        for i, mb in enumerate(unit.batches):
-            last = last_unit and i == len(unit.batches) - 1 and prefix is None
-            with sync(last):
-                tensors = microbatch_tensors(mb, device)
-                logprobs, entropy = microbatch_logprobs(model, mb, tensors, prefix, with_entropy=True)
-                out = policy_loss(
-                    logprobs,
-                    None if old_logprobs is None or u >= len(old_logprobs) else old_logprobs[u][i],
-                    tensors["old_logprobs"],
-                    tensors["advantages"],
-                    tensors["loss_mask"],
-                    loss_config,
-                    num_loss_tokens=num_loss_tokens,
-                    ref_logprobs=None if refs is None else refs[i],
-                )
-                run_backward(out.loss * scale)
-            stats += out.stats
-            assert entropy is not None
-            entropy_sum += float((entropy * tensors["loss_mask"]).sum())
-            total += float(out.loss.detach())
-        if prefix is not None:
-            with sync(last_unit):
-                prefix.backward()
-    return BackwardResult(stats=stats, entropy_sum=entropy_sum, loss=total)
+
+    def loss_of(
+        u: int, i: int, tensors: dict[str, torch.Tensor], logprobs: torch.Tensor
+    ) -> tuple[torch.Tensor, LossStats]:
+        out = policy_loss(
+            logprobs,
+            None if old_logprobs is None or u >= len(old_logprobs) else old_logprobs[u][i],
+            tensors["old_logprobs"],
+            tensors["advantages"],
+            tensors["loss_mask"],
+            loss_config,
+            num_loss_tokens=num_loss_tokens,
+            ref_logprobs=None if refs is None else refs[i],
+        )
+        return out.loss, out.stats
+
+    return _backward_units(
+        model,
+        units,
+        loss_of,
+        device=device if device is not None else next(model.parameters()).device,
+        scale=scale,
+        backward=backward,
+        sync=sync,
+        before_unit=take_reference,
+    )
+
+
+def nll_backward(
+    model: Any, units: Sequence[LayoutUnit], *, num_loss_tokens: float, device: Any = None
+) -> BackwardResult:
+    """The supervised update: token-mean cross-entropy ``−Σ mask · log p / num_loss_tokens`` over the loss
+    tokens of ``units`` (the same layouts, prefixes and LM-head positions as :func:`backward_layout`);
+    ``loss`` is this pass's share of the mean NLL, ``stats.loss_sum`` the summed NLL."""
+
+    def loss_of(
+        u: int, i: int, tensors: dict[str, torch.Tensor], logprobs: torch.Tensor
+    ) -> tuple[torch.Tensor, LossStats]:
+        mask = tensors["loss_mask"]
+        nll = -(logprobs * mask).sum()
+        return nll / num_loss_tokens, LossStats(tokens=float(mask.sum()), loss_sum=float(nll.detach()))
+
+    return _backward_units(
+        model,
+        units,
+        loss_of,
+        device=device if device is not None else next(model.parameters()).device,
+        scale=1.0,
+        backward=None,
+        sync=_no_context,
+    )

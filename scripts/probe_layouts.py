@@ -1,0 +1,85 @@
+"""Time one update of a real model in each layout, on the scripted file manager's episodes of one task.
+
+    python scripts/probe_layouts.py [MODEL] [GROUP_SIZE] [DIFFICULTY] [LAYOUTS]
+    python scripts/probe_layouts.py smollm2-135m-instruct 2 short padded,shared,padded,shared
+
+LAYOUTS: a comma list of shared, packed, padded (``ctxrl.train.update.backward_layout``, LM head at loss
+positions) and legacy (packed lines, LM head and log-softmax at every position: the update before shared
+prefixes). LoRA r=16 as configs/train_smollm2.yaml, 4,096-token microbatches, torch's default threads. The first
+layout timed also pays the process's warm-up: list one twice to see it. Prints tokens, estimated GFLOP and
+seconds per layout; used for docs/train_throughput.md.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import replace
+
+from ctxrl.commands.bench_train import legacy_packed_backward
+from ctxrl.env.policies import make_policy
+from ctxrl.env.tasks.registry import make_task
+from ctxrl.env.tokenizer import load_tokenizer_dir
+from ctxrl.rewards.advantages import AdvantageConfig
+from ctxrl.train.config import LoraSettings, TrainConfig
+from ctxrl.train.credit import CreditConfig, assign_credit
+from ctxrl.train.engines import EngineConfig, SamplingConfig, make_engine
+from ctxrl.train.engines.scripted import text_policy
+from ctxrl.train.grpo import load_policy
+from ctxrl.train.models import get_model
+from ctxrl.train.rollout import RolloutConfig, rollout
+from ctxrl.train.rows import build_layout, episode_rows, layout_flops
+from ctxrl.train.update import backward_layout, layout_sizes
+
+
+def main(argv: list[str]) -> None:
+    name = argv[0] if argv else "smollm2-135m-instruct"
+    group = int(argv[1]) if len(argv) > 1 else 2
+    difficulty = argv[2] if len(argv) > 2 else "short"
+    kinds = (argv[3] if len(argv) > 3 else "padded,shared,padded,shared,legacy").split(",")
+    folder = get_model(name)
+    tokenizer = load_tokenizer_dir(folder)
+    policy = text_policy(make_policy("file-manager"), tokenizer)
+    engine = make_engine(EngineConfig(name="scripted"), folder, tokenizer=tokenizer, policy=policy)
+    task = make_task("retention", 0, difficulty, split="train")
+    result = rollout(
+        engine,
+        tokenizer,
+        [task],
+        RolloutConfig(group_size=group, mode="file"),
+        sampling=SamplingConfig(max_new_tokens=256),
+    )
+    episodes = [replace(ep, reward=float(i % 2)) for i, ep in enumerate(result.episodes)]
+    credit = assign_credit(episodes, CreditConfig(advantages=AdvantageConfig(w_eff=0.25)))
+    rows = [
+        r
+        for i, (ep, c) in enumerate(zip(episodes, credit))
+        for r in episode_rows(ep, c.steps, episode_index=i)
+    ]
+    print(
+        f"{len(rows)} rows of {[len(r) for r in rows]} tokens, {sum(r.num_loss_tokens for r in rows)} loss tokens"
+    )
+    config = TrainConfig(lora=LoraSettings(enabled=True, dropout=0.0))
+    model = load_policy(folder, config).train()
+    sizes = layout_sizes(model)
+    assert sizes is not None
+    for kind in kinds:
+        start = time.perf_counter()
+        if kind == "legacy":
+            legacy_packed_backward(model, rows, config.loss_config(), 4096)
+            print(f"legacy  {time.perf_counter() - start:7.1f} s", flush=True)
+        else:
+            units = build_layout(rows, kind, 4096, 0)  # type: ignore[arg-type]
+            n = float(sum(u.num_loss_tokens for u in units))
+            backward_layout(model, units, config.loss_config(), num_loss_tokens=n)
+            tokens = sum(u.num_tokens for u in units)
+            gflop = layout_flops(units, sizes) / 1e9
+            print(
+                f"{kind:7s} {time.perf_counter() - start:7.1f} s  {tokens} tokens  {gflop:.0f} GFLOP forward",
+                flush=True,
+            )
+        model.zero_grad(set_to_none=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
