@@ -561,6 +561,32 @@ def matmul_flops_per_s(n: int, repeats: int = 3) -> float:
     return 2.0 * n**3 / best
 
 
+def memory_bytes_per_s(megabytes: int = 256, repeats: int = 3) -> float:
+    """This machine's memory bandwidth as torch sees it: the best of ``repeats`` copies of a
+    ``megabytes``-MB fp32 tensor (each reads and writes it: twice its size moved)."""
+    import torch
+
+    src = torch.ones(megabytes * (1 << 20) // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # warm-up: pages mapped
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * src.numel() * 4 / best
+
+
+def decode_passes(episodes: Sequence[EpisodeRecord]) -> int:
+    """Forward passes the engine made to decode ``episodes``: the rollout loop asks for step ``k`` of every
+    live episode in one call, and a call decodes as many passes as its longest generation."""
+    steps = max((len(ep.steps) for ep in episodes), default=0)
+    return sum(
+        max((len(ep.steps[k].token_ids) for ep in episodes if k < len(ep.steps)), default=0)
+        for k in range(steps)
+    )
+
+
 def rollout_flops(episodes: Sequence[EpisodeRecord], model: Any) -> float:
     """Model FLOPs the engine did for ``episodes``: every call's prefilled and generated tokens through the
     body and attention (:func:`ctxrl.rewards.cost.step_flops`, with the engine's own cache hits), plus the
@@ -699,6 +725,12 @@ def _smollm2_step(sizes: StepSizes, tmp: Path) -> dict[str, float]:
     }
     if sizes.engine != "scripted":  # a scripted engine runs no model: its rollout does no model FLOPs
         figures["rollout_flops_efficiency"] = rollout_flops(episodes, model) / rollout_s / matmul
+        # decoding a small batch is bound by reading the weights once per pass, not by FLOPs
+        weight_bytes = sum(p.numel() * p.element_size() for p in model.get_base_model().parameters())
+        membw = memory_bytes_per_s()
+        figures["rollout_decode_passes"] = float(decode_passes(episodes))
+        figures["rollout_membw_efficiency"] = decode_passes(episodes) * weight_bytes / membw / rollout_s
+        figures["memory_gb_per_s"] = membw / 1e9
     return figures
 
 

@@ -72,15 +72,19 @@ class HFEngine:
 
     @classmethod
     def load(cls, model_dir: str | Path, *, dtype: str = "float32", **kwargs: Any) -> HFEngine:
-        """Check ``model_dir`` (:class:`ModelLoadError` if it is not a causal LM), then load it on CPU."""
+        """Check ``model_dir`` (:class:`ModelLoadError` if it is not a causal LM), then load it on the first
+        CUDA device when there is one, else on the CPU."""
         import torch
         from transformers import AutoModelForCausalLM
 
         path = check_causal_lm_dir(model_dir)
+        model: Any
         try:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
         except (OSError, ValueError, RuntimeError) as exc:
             raise ModelLoadError(f"transformers could not load the model in {path}: {exc}") from None
+        if torch.cuda.is_available():
+            model = model.to(torch.device("cuda"))
         return cls.from_model(model, **kwargs)
 
     @property
@@ -135,13 +139,16 @@ class HFEngine:
             config.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             torch.random.set_rng_state(self._rng_state)
+            device = self.model.device
             out = self.model.generate(
-                input_ids=input_ids, attention_mask=attention_mask, generation_config=config
+                input_ids=input_ids.to(device),
+                attention_mask=attention_mask.to(device),
+                generation_config=config,
             )
             self._rng_state = torch.random.get_rng_state()
 
-        new_ids = out.sequences[:, width:]
-        logprobs = torch.log_softmax(torch.stack(out.logits, dim=1).float(), dim=-1)
+        new_ids = out.sequences[:, width:].cpu()
+        logprobs = torch.log_softmax(torch.stack(out.logits, dim=1).float(), dim=-1).cpu()
         chosen = logprobs.gather(-1, new_ids.unsqueeze(-1)).squeeze(-1)
         stop_set = set(stop_ids)
         for row, k in enumerate(run):

