@@ -249,6 +249,7 @@ def _backward_units(
     backward: Callable[[torch.Tensor], None] | None,
     sync: Callable[[bool], contextlib.AbstractContextManager[Any]],
     before_unit: Callable[[LayoutUnit], None] | None = None,
+    with_entropy: bool = True,
 ) -> BackwardResult:
     """The loop every update runs: per unit its prefix once, each microbatch's forward, loss and backward,
     then the prefix's own backward."""
@@ -263,12 +264,12 @@ def _backward_units(
             last = last_unit and i == len(unit.batches) - 1 and prefix is None
             with sync(last):
                 tensors = microbatch_tensors(mb, device)
-                logprobs, entropy = microbatch_logprobs(model, mb, tensors, prefix, with_entropy=True)
+                logprobs, entropy = microbatch_logprobs(model, mb, tensors, prefix, with_entropy=with_entropy)
                 loss, mb_stats = loss_of(u, i, tensors, logprobs)
                 run_backward(loss * scale)
             stats += mb_stats
-            assert entropy is not None
-            entropy_sum += float((entropy * tensors["loss_mask"]).sum())
+            if entropy is not None:
+                entropy_sum += float((entropy * tensors["loss_mask"]).sum())
             total += float(loss.detach())
         if prefix is not None:
             with sync(last_unit):
@@ -354,4 +355,5 @@ def nll_backward(
         scale=1.0,
         backward=None,
         sync=_no_context,
+        with_entropy=False,  # supervised training logs no entropy: no second pass over the logits
     )
