@@ -2,6 +2,11 @@
 
     python scripts/probe_layouts.py [MODEL] [GROUP_SIZE] [DIFFICULTY] [LAYOUTS]
     python scripts/probe_layouts.py smollm2-135m-instruct 2 short padded,shared,padded,shared
+    python scripts/probe_layouts.py --tokens runs/roll/trajectories.jsonl   # token counts of recorded episodes
+
+``--tokens FILE``: no model, no timing: the rows of the episodes in a trajectories file (``ctxrl rollout``
+writes one), and the tokens each layout puts through the model — packed rows, the group's prefix once
+(one level), and the trie of nested prefixes (``share_prefixes``' default) — as ratios to packed.
 
 LAYOUTS: a comma list of shared, packed, padded (``ctxrl.train.update.backward_layout``, LM head at loss
 positions) and legacy (packed lines, LM head and log-softmax at every position: the update before shared
@@ -32,7 +37,30 @@ from ctxrl.train.rows import build_layout, episode_rows, layout_flops
 from ctxrl.train.update import backward_layout, layout_sizes
 
 
+def token_counts(path: str) -> None:
+    from ctxrl.train.rows import pack_rows, plain_units, share_prefixes
+    from ctxrl.train.trajectory import load_trajectories
+
+    episodes = load_trajectories(path)
+    rows = [
+        r
+        for i, ep in enumerate(episodes)
+        for r in episode_rows(ep, [[1.0] * len(s.token_ids) for s in ep.steps], episode_index=i)
+    ]
+    packed = sum(u.num_tokens for u in plain_units(pack_rows(rows, 4096)))
+    one = sum(u.num_tokens for u in share_prefixes(rows, 4096, 0, max_depth=0))
+    trie = sum(u.num_tokens for u in share_prefixes(rows, 4096, 0))
+    groups = len({ep.group for ep in episodes})
+    print(f"{len(episodes)} episodes in {groups} groups, {len(rows)} rows")
+    print(
+        f"packed {packed} tokens; group prefix once {one} ({one / packed:.3f}); trie {trie} ({trie / packed:.3f})"
+    )
+
+
 def main(argv: list[str]) -> None:
+    if argv[:1] == ["--tokens"]:
+        token_counts(argv[1])
+        return
     name = argv[0] if argv else "smollm2-135m-instruct"
     group = int(argv[1]) if len(argv) > 1 else 2
     difficulty = argv[2] if len(argv) > 2 else "short"

@@ -211,8 +211,9 @@ def test_shared_prefix_is_laid_out_once_and_the_suffixes_continue_it() -> None:
     units = share_prefixes(rows, 4096, pad_id=0)
     assert [u.prefix_len for u in units] == [300, 200]
     # every row's loss token is in exactly one suffix line, at its own position after the prefix
-    assert sorted(i for u in units for mb in u.batches for i in mb.rows) == list(range(5))
+    assert sorted(i for u in units for mb in u.all_batches() for i in mb.rows) == list(range(5))
     for u in units:
+        assert not u.children  # the suffixes differ from their first token: nothing more to share
         for mb in u.batches:
             assert mb.kind == "shared" and mb.prefix_len == u.prefix_len
             for line, i in enumerate(mb.rows):

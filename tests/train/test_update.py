@@ -129,18 +129,54 @@ def test_shared_prefix_with_lora_matches_packed(tiny_model_dir: Path) -> None:
     assert_same(shared, layout_backward(policy, rows, "packed", 4096))
 
 
+def trie_rows(vocab: int, *, seed: int = 7, group: int = 0) -> list[Row]:
+    """One group whose rows share more than the pinned prefix: three episodes of two rows each, both rows of an
+    episode starting with the same 25 tokens after the prefix (a prompt rebuilt that kept its first turns)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(n: int) -> list[int]:
+        return torch.randint(3, vocab, (n,), generator=gen).tolist()
+
+    pinned = rand(40)
+    rows = []
+    for e in range(3):
+        kept = rand(25)
+        for k in range(2):
+            head = pinned + kept + rand(4 + 3 * k + e)
+            ids = head + rand(7)
+            n = len(ids)
+            mask = [0] * len(head) + [1] * 7
+            adv = [0.0] * len(head) + [10.0 * (e - 1) + 2.0 * k] * 7
+            old = [0.0] * len(head) + [-1.0] * 7
+            rows.append(Row(ids, mask, old, adv, [0] * n, [(len(head), n)], e, group, (k,)))
+    return rows
+
+
+def test_nested_prefixes_give_the_gradients_of_one_packed_line(model: Any) -> None:
+    rows = trie_rows(model.config.vocab_size)
+    (root,) = build_layout(rows, "shared", 4096, 0)
+    # the pinned prefix once, then each episode's 25 kept tokens once, then the rows' own suffixes
+    assert root.prefix_len == 40 and [c.prefix_len for c in root.children] == [25, 25, 25]
+    assert all(c.offset == 40 and c.all_batches()[0].prefix_len == 65 for c in root.children)
+    assert root.num_tokens == 40 + 3 * 25 + sum(mb.num_tokens for mb in root.all_batches())
+    assert_same(layout_backward(model, rows, "shared", 4096), reference_backward(model, rows))
+    with torch.no_grad():
+        (lps,) = layout_logprobs(model, [root], torch.device("cpu"))
+    assert len(lps) == len(root.all_batches()) == 3
+
+
 def test_old_and_reference_logprobs_are_those_of_the_rows_alone(model: Any) -> None:
-    rows = group_rows(model.config.vocab_size, seed=5)
+    rows = group_rows(model.config.vocab_size, seed=5) + trie_rows(model.config.vocab_size, seed=9, group=5)
     units = build_layout(rows, "shared", 64, 0)
     with torch.no_grad():
         for unit, lps in zip(units, layout_logprobs(model, units, torch.device("cpu"))):
-            for mb, lp in zip(unit.batches, lps):
+            for mb, lp in zip(unit.all_batches(), lps):
                 for line, i in enumerate(mb.rows):
                     ids = torch.tensor([rows[i].input_ids])
                     alone, _ = token_logprobs(model, ids, torch.arange(ids.shape[1])[None])
                     mask = torch.tensor(rows[i].loss_mask, dtype=torch.bool)
-                    suffix = lp[line, : len(rows[i]) - unit.prefix_len]
-                    got = torch.cat([torch.zeros(unit.prefix_len), suffix])
+                    suffix = lp[line, : len(rows[i]) - mb.prefix_len]
+                    got = torch.cat([torch.zeros(mb.prefix_len), suffix])
                     assert torch.allclose(got[mask], alone[0][mask], atol=ATOL)
                     assert bool((got[~mask] == 0).all())  # the LM head ran only at loss positions
 

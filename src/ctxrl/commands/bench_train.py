@@ -382,7 +382,9 @@ def ctxrl_backward(
     if old_logprobs is not None:
         device = next(model.parameters()).device
         current = layout_logprobs(model, units, device)
-        olds = [[old_logprobs(mb, lp) for mb, lp in zip(u.batches, lps)] for u, lps in zip(units, current)]
+        olds = [
+            [old_logprobs(mb, lp) for mb, lp in zip(u.all_batches(), lps)] for u, lps in zip(units, current)
+        ]
     n_tokens = float(sum(u.num_loss_tokens for u in units))
     return backward_layout(model, units, loss_config, num_loss_tokens=n_tokens, old_logprobs=olds).loss
 

@@ -351,7 +351,7 @@ def train(
                 "time/step_s": time.perf_counter() - t0,
                 "cost/packed": float(
                     np.mean(
-                        [float(mb.kind == "packed") for us in layouts for u in us for mb in u.batches]
+                        [float(mb.kind == "packed") for us in layouts for u in us for mb in u.all_batches()]
                         or [0.0]
                     )
                 ),

@@ -340,26 +340,40 @@ def pad_rows(rows: Sequence[Row], max_tokens: int, pad_id: int) -> list[Microbat
 
 @dataclass(frozen=True)
 class LayoutUnit:
-    """A prefix computed once and the microbatches that continue it; an empty prefix for plain layouts."""
+    """A prefix computed once and what continues it: microbatches of suffixes, and child units whose rows share
+    a longer prefix (a node of the trie over the rows' ids). An empty prefix for plain layouts."""
 
     prefix_ids: IntArray
-    """``(1, P)`` ids shared by every row of the unit's microbatches; ``P == 0`` when nothing is shared."""
+    """``(1, P)`` ids shared by every row below this node, after the ancestors' prefixes; ``P == 0`` when
+    nothing is shared."""
     batches: tuple[Microbatch, ...]
     group: int = -1
     """The group whose rows share the prefix (-1 for a plain unit)."""
+    children: tuple[LayoutUnit, ...] = ()
+    """Nodes whose rows share more than this prefix: each continues it with a prefix of its own."""
+    offset: int = 0
+    """Tokens of the ancestors' prefixes: this prefix's first position."""
 
     @property
     def prefix_len(self) -> int:
         return int(self.prefix_ids.shape[1])
 
+    def all_batches(self) -> list[Microbatch]:
+        """Every microbatch below this node, in the order the update runs them (children first)."""
+        return [mb for child in self.children for mb in child.all_batches()] + list(self.batches)
+
     @property
     def num_tokens(self) -> int:
-        """Tokens through the model: the prefix once plus every microbatch, padding included."""
-        return self.prefix_len + sum(mb.num_tokens for mb in self.batches)
+        """Tokens through the model: each prefix once plus every microbatch, padding included."""
+        return (
+            self.prefix_len
+            + sum(mb.num_tokens for mb in self.batches)
+            + sum(child.num_tokens for child in self.children)
+        )
 
     @property
     def num_loss_tokens(self) -> int:
-        return sum(mb.num_loss_tokens for mb in self.batches)
+        return sum(mb.num_loss_tokens for mb in self.all_batches())
 
 
 def plain_units(batches: Sequence[Microbatch]) -> list[LayoutUnit]:
@@ -433,16 +447,66 @@ def _suffix_batches(
 
 
 MIN_SHARED_PREFIX = 16
-"""Groups whose rows share fewer leading tokens than this are laid out plainly (nothing worth sharing)."""
+"""Groups whose rows share fewer leading tokens than this are laid out plainly (nothing worth sharing); a
+cluster of rows becomes a child node when it shares at least this many more."""
+MAX_TRIE_DEPTH = 4
+"""Levels of nested prefixes below a group's (a bound on the recursion, not a tuning knob)."""
+
+
+def _trie_node(
+    rows: Sequence[Row],
+    members: Sequence[int],
+    offset: int,
+    max_tokens: int,
+    pad_id: int,
+    min_prefix: int,
+    group: int,
+    depth: int,
+    max_depth: int = MAX_TRIE_DEPTH,
+) -> LayoutUnit:
+    """The node for ``rows[members]``, which share ``input_ids[:offset]``: its prefix runs to their common
+    prefix; rows that share at least ``min_prefix`` more tokens with others form child nodes, the rest become
+    this node's suffix microbatches."""
+    chosen = [rows[i] for i in members]
+    end = common_prefix_len(chosen) if len(chosen) > 1 else offset
+    end = max(end, offset)
+    clusters: dict[int, list[int]] = {}
+    for i in members:
+        clusters.setdefault(rows[i].input_ids[end], []).append(i)
+    children, direct = [], []
+    for cluster in clusters.values():
+        extra = common_prefix_len([rows[i] for i in cluster]) - end if len(cluster) > 1 else 0
+        if depth < max_depth and extra >= max(min_prefix, 1):
+            children.append(
+                _trie_node(rows, cluster, end, max_tokens, pad_id, min_prefix, group, depth + 1, max_depth)
+            )
+        else:
+            direct.extend(cluster)
+    return LayoutUnit(
+        prefix_ids=np.asarray([rows[members[0]].input_ids[offset:end]], dtype=np.int64),
+        batches=tuple(_suffix_batches(rows, sorted(direct), end, max_tokens, pad_id)) if direct else (),
+        group=group,
+        children=tuple(children),
+        offset=offset,
+    )
 
 
 def share_prefixes(
-    rows: Sequence[Row], max_tokens: int, pad_id: int, *, min_prefix: int = MIN_SHARED_PREFIX
+    rows: Sequence[Row],
+    max_tokens: int,
+    pad_id: int,
+    *,
+    min_prefix: int = MIN_SHARED_PREFIX,
+    max_depth: int = MAX_TRIE_DEPTH,
 ) -> list[LayoutUnit]:
-    """One unit per group of ``rows``: the group's common prefix (:func:`common_prefix_len`) once, and the
-    rows' suffixes as padded microbatches of at most ``max_tokens`` tokens each (a longer suffix alone).
-    A group whose prefix is shorter than ``min_prefix`` tokens, or that has a single row, is padded as it is
-    (one plain unit per microbatch). ``Microbatch.rows`` index into ``rows`` as for the other layouts.
+    """One unit per group of ``rows``: the root of a trie over the group's rows. Its prefix is the group's
+    common prefix (:func:`common_prefix_len`), computed once; rows that share at least ``min_prefix`` tokens
+    more (the rows of one episode before its prompts part, say) form child nodes with a prefix of their own
+    after it, and so on down; every row's remaining suffix is laid out in padded microbatches of at most
+    ``max_tokens`` tokens (a longer suffix alone) under the deepest node it belongs to. A group whose prefix
+    is shorter than ``min_prefix`` tokens, or that has a single row, is padded as it is (one plain unit per
+    microbatch). ``max_depth`` bounds the levels below the group's (0: the group's prefix only).
+    ``Microbatch.rows`` index into ``rows`` as for the other layouts.
 
     >>> a = Row([1, 2, 3, 4, 9], [0, 0, 0, 0, 1], [0.0] * 5, [0.0] * 5, [0] * 5, [(4, 5)], 0, 0, (0,))
     >>> b = Row([1, 2, 3, 7, 8, 9], [0, 0, 0, 0, 1, 1], [0.0] * 6, [0.0] * 6, [0] * 6, [(4, 6)], 1, 0, (0,))
@@ -464,13 +528,7 @@ def share_prefixes(
             for mb in pad_rows(chosen, max_tokens, pad_id):
                 units.extend(plain_units([replace(mb, rows=tuple(members[j] for j in mb.rows))]))
             continue
-        units.append(
-            LayoutUnit(
-                prefix_ids=np.asarray([rows[members[0]].input_ids[:prefix]], dtype=np.int64),
-                batches=tuple(_suffix_batches(rows, members, prefix, max_tokens, pad_id)),
-                group=g,
-            )
-        )
+        units.append(_trie_node(rows, members, 0, max_tokens, pad_id, min_prefix, g, 0, max_depth))
     return units
 
 
@@ -513,11 +571,15 @@ def layout_flops(units: Sequence[LayoutUnit], sizes: LayoutSizes) -> float:
     attn = 4.0 * sizes.n_layers * sizes.attn_width
     total = 0.0
     for unit in units:
-        p = unit.prefix_len
-        total += 2.0 * sizes.body_params * p + attn * p * p / 2
+        p, before = unit.prefix_len, unit.offset
+        # a root prefix is causal without a mask; a child's attends to its ancestors' through a dense one
+        total += 2.0 * sizes.body_params * p + attn * (p * p / 2 if before == 0 else p * (before + p))
+        total += layout_flops(unit.children, sizes)
         for mb in unit.batches:
             lines, width = mb.input_ids.shape
-            keys = {"packed": width * width, "padded": width * width / 2}.get(mb.kind, width * (p + width))
+            keys = {"packed": width * width, "padded": width * width / 2}.get(
+                mb.kind, width * (mb.prefix_len + width)
+            )
             total += lines * (2.0 * sizes.body_params * width + attn * keys)
             total += 2.0 * sizes.head_params * head_positions(mb)
     return total
@@ -560,5 +622,5 @@ def layout_kind(units: Sequence[LayoutUnit]) -> str:
     """``shared`` when any unit shares a prefix, else the kind of the microbatches (``packed``/``padded``)."""
     if any(u.prefix_len for u in units):
         return "shared"
-    kinds = {mb.kind for u in units for mb in u.batches}
+    kinds = {mb.kind for u in units for mb in u.all_batches()}
     return kinds.pop() if len(kinds) == 1 else "mixed"

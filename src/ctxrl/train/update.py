@@ -169,14 +169,20 @@ def _cache_pairs(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return list(zip(cache.key_cache, cache.value_cache))  # older transformers
 
 
-def prefix_forward(model: Any, prefix_ids: np.ndarray, device: Any) -> PrefixState:
-    """Run ``prefix_ids`` ``(1, P)`` once with the cache on (no logits); gradients flow if enabled."""
+def prefix_forward(
+    model: Any, prefix_ids: np.ndarray, device: Any, parent: PrefixState | None = None, offset: int = 0
+) -> PrefixState:
+    """Run ``prefix_ids`` ``(1, P)`` once with the cache on (no logits); gradients flow if enabled. After a
+    ``parent`` prefix of ``offset`` tokens, it attends to the parent's leaves, and its keys and values hold
+    the parent's and its own (so its backward hands the parent's share to the parent's leaves)."""
     ids = torch.from_numpy(prefix_ids).to(device)
+    kwargs: dict[str, Any] = {} if parent is None else {"past_key_values": parent.cache(1)}
     out = model(
         input_ids=ids,
-        position_ids=torch.arange(ids.shape[1], device=device)[None],
+        position_ids=torch.arange(offset, offset + ids.shape[1], device=device)[None],
         use_cache=True,
         logits_to_keep=torch.zeros(0, dtype=torch.long, device=device),
+        **kwargs,
     )
     kv = _cache_pairs(out.past_key_values)
     grad = torch.is_grad_enabled()
@@ -209,12 +215,21 @@ def microbatch_logprobs(
 def layout_logprobs(model: Any, units: Sequence[LayoutUnit], device: Any) -> list[list[torch.Tensor]]:
     """Logprobs at the loss positions of every microbatch of ``units``, without gradients (old or
     reference logprobs), ``[unit][microbatch]``."""
-    out = []
-    for unit in units:
-        prefix = prefix_forward(model, unit.prefix_ids, device) if unit.prefix_len else None
-        out.append(
-            [microbatch_logprobs(model, mb, microbatch_tensors(mb, device), prefix)[0] for mb in unit.batches]
+
+    def visit(unit: LayoutUnit, parent: PrefixState | None, into: list[torch.Tensor]) -> None:
+        prefix = (
+            prefix_forward(model, unit.prefix_ids, device, parent, unit.offset) if unit.prefix_len else parent
         )
+        for child in unit.children:
+            visit(child, prefix, into)
+        into.extend(
+            microbatch_logprobs(model, mb, microbatch_tensors(mb, device), prefix)[0] for mb in unit.batches
+        )
+
+    out: list[list[torch.Tensor]] = []
+    for unit in units:
+        out.append([])
+        visit(unit, None, out[-1])
     return out
 
 
@@ -251,17 +266,26 @@ def _backward_units(
     before_unit: Callable[[LayoutUnit], None] | None = None,
     with_entropy: bool = True,
 ) -> BackwardResult:
-    """The loop every update runs: per unit its prefix once, each microbatch's forward, loss and backward,
-    then the prefix's own backward."""
+    """The loop every update runs: per unit its prefix once, its children (each after its own prefix, which
+    attends to the parent's), each microbatch's forward, loss and backward, then the prefix's own backward —
+    after everything below it, so its leaves hold every use's gradient. Microbatches are numbered in that
+    order within a unit (:meth:`LayoutUnit.all_batches`)."""
     run_backward = backward or (lambda loss: loss.backward())
-    stats, entropy_sum, total = LossStats(), 0.0, 0.0
-    for u, unit in enumerate(units):
-        last_unit = u == len(units) - 1
-        if before_unit is not None:
-            before_unit(unit)
-        prefix = prefix_forward(model, unit.prefix_ids, device) if unit.prefix_len else None
-        for i, mb in enumerate(unit.batches):
-            last = last_unit and i == len(unit.batches) - 1 and prefix is None
+    sums = {"entropy": 0.0, "loss": 0.0}
+    stats = LossStats()
+
+    def visit(
+        u: int, unit: LayoutUnit, parent: PrefixState | None, counter: list[int], last_unit: bool
+    ) -> None:
+        nonlocal stats
+        own = prefix_forward(model, unit.prefix_ids, device, parent, unit.offset) if unit.prefix_len else None
+        prefix = own if own is not None else parent
+        for child in unit.children:
+            visit(u, child, prefix, counter, False)
+        for j, mb in enumerate(unit.batches):
+            i = counter[0]
+            counter[0] += 1
+            last = last_unit and j == len(unit.batches) - 1 and prefix is None
             with sync(last):
                 tensors = microbatch_tensors(mb, device)
                 logprobs, entropy = microbatch_logprobs(model, mb, tensors, prefix, with_entropy=with_entropy)
@@ -269,12 +293,17 @@ def _backward_units(
                 run_backward(loss * scale)
             stats += mb_stats
             if entropy is not None:
-                entropy_sum += float((entropy * tensors["loss_mask"]).sum())
-            total += float(loss.detach())
-        if prefix is not None:
-            with sync(last_unit):
-                prefix.backward()
-    return BackwardResult(stats=stats, entropy_sum=entropy_sum, loss=total)
+                sums["entropy"] += float((entropy * tensors["loss_mask"]).sum())
+            sums["loss"] += float(loss.detach())
+        if own is not None:
+            with sync(last_unit and parent is None):
+                own.backward()
+
+    for u, unit in enumerate(units):
+        if before_unit is not None:
+            before_unit(unit)
+        visit(u, unit, None, [0], u == len(units) - 1)
+    return BackwardResult(stats=stats, entropy_sum=sums["entropy"], loss=sums["loss"])
 
 
 def backward_layout(
