@@ -11,7 +11,8 @@ import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from ctxrl.env.gym_env import ContextEnv, register_envs
+from ctxrl.env import register_envs
+from ctxrl.env.gym_env import ContextEnv
 from ctxrl.env.modes import MODE_NAMES as MODES
 from ctxrl.env.tasks.registry import FAMILIES
 
@@ -88,6 +89,25 @@ def test_registered_ids_make_envs(tiny_tokenizer: Any, tmp_path: Path) -> None:
     obs, _ = env.reset(seed=0)
     assert isinstance(obs, str) and "context_status" in obs
     env.close()
+
+
+def test_the_documented_usage_works_in_a_fresh_process() -> None:
+    """``import gymnasium, ctxrl.env`` then ``gymnasium.make(...)`` — no register call (issue 24)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import gymnasium, ctxrl.env\n"
+        "env = gymnasium.make('ctxrl/Retention-v0', mode='file')\n"
+        "obs, info = env.reset(seed=0)\n"
+        "assert isinstance(obs, str) and obs\n"
+        "env.close()\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
 
 
 def test_bad_input_errors(tiny_tokenizer: Any) -> None:

@@ -1,6 +1,6 @@
 """The Gymnasium environment: one task family, in one context-management mode, over the harness.
 
-    env = gymnasium.make("ctxrl/Retention-v0", mode="file")
+    env = gymnasium.make("ctxrl/Retention-v0", mode="file")   # ids registered by `import ctxrl.env`
     obs, info = env.reset(seed=0)
     obs, reward, terminated, truncated, info = env.step('<tool_call>{"name": "shell", ...}</tool_call>')
 
@@ -25,7 +25,6 @@ workspace scripts in the episode sandbox; in file mode the shell can run them to
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -231,16 +230,3 @@ class ContextEnv(gym.Env[str, str]):
         if self._own_workdir:
             remove_tree(self.workdir)
         super().close()
-
-
-def register_envs(families: Sequence[str] | None = None) -> list[str]:
-    """Register ``ctxrl/<Family>-v0`` for every built-in family (idempotent); return the ids."""
-    from ctxrl.env.tasks.registry import FAMILIES
-
-    ids = []
-    for family in families or FAMILIES:
-        env_id = f"ctxrl/{family.capitalize()}-v0"
-        if env_id not in gym.registry:
-            gym.register(id=env_id, entry_point="ctxrl.env.gym_env:ContextEnv", kwargs={"family": family})
-        ids.append(env_id)
-    return ids
