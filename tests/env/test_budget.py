@@ -32,19 +32,36 @@ def test_tiers_fire_once_and_rearm_below() -> None:
     fired = [bud.tier_nudge(state, t, CFG) for t in seq]
     assert fired == [
         None,
-        "[context] 26% of the budget is in use (260/1000 tokens).",
+        "[context] 28% of the limit is in use (260/900 tokens).",
         None,
-        "[context] 52% of the budget is in use (520/1000 tokens). Finish the unit of work in flight, then tidy context.md once.",
+        "[context] 57% of the limit is in use (520/900 tokens). Finish the unit of work in flight, then tidy context.md once.",
         None,
         None,  # dropped below 25 %: every tier re-arms
-        "[context] 26% of the budget is in use (260/1000 tokens).",
-        "[context] 80% of the budget is in use (800/1000 tokens). Compact settled spans of context.md "
+        "[context] 28% of the limit is in use (260/900 tokens).",
+        "[context] 88% of the limit is in use (800/900 tokens). Compact settled spans of context.md "
         "(finished work, outputs already used) in one batched edit, without wiping what you still need.",
         None,
         None,
-        "[context] 99% of the budget is in use (990/1000 tokens). Compact settled spans of context.md "
+        "[context] 110% of the limit is in use (990/900 tokens). Compact settled spans of context.md "
         "(finished work, outputs already used) in one batched edit, without wiping what you still need.",
     ]  # fmt: skip
+
+
+def test_readout_and_nudge_in_one_tool_result_state_one_figure(make_harness: Callable[..., Harness]) -> None:
+    """Issue 24: the readout said 2221/5763 and the nudge under it 2221/6586 on the same result."""
+    import re
+
+    h = make_harness(budget=6000, reserve=600, rollback_margin=300)
+    for _ in range(60):
+        r = h.step(shell("seq 1 150"))
+        nudges = _tier_nudges(r)
+        if nudges:
+            break
+    assert nudges, "no tier nudge fired"
+    readout = re.search(r"\[context: (\d+)/(\d+) tokens \((\d+)% of the limit\)\]", r.readout)
+    nudge = re.search(r"\[context\] (\d+)% of the limit is in use \((\d+)/(\d+) tokens\)", nudges[0])
+    assert readout and nudge, (r.readout, nudges[0])
+    assert (nudge.group(2), nudge.group(3), nudge.group(1)) == readout.groups()
 
 
 def test_lowest_tier_has_no_how_to() -> None:
@@ -90,7 +107,7 @@ def test_rollback_margin_deepens_only_after_ignored_rollbacks() -> None:
 
 
 def _tier_nudges(result: object) -> list[str]:
-    return [n for n in result.nudges if "% of the budget" in n]  # type: ignore[attr-defined]
+    return [n for n in result.nudges if "% of the limit is in use" in n]  # type: ignore[attr-defined]
 
 
 def test_tiers_on_a_scripted_episode(make_harness: Callable[..., Harness]) -> None:

@@ -4,7 +4,8 @@ Models estimate their own context length poorly, so the harness tells them (REFE
 
 - a readout of the current size against the limit on every tool result;
 - one-shot nudges at fixed fill levels of the budget (25/50/75 %). A tier fires once when the context
-  reaches it and re-arms when the context drops below it again. The lowest tier is informational only
+  reaches it and re-arms when the context drops below it again. A nudge states the readout's figure
+  (tokens against the limit, the same words), so one tool result never shows two denominators. The lowest tier is informational only
   (how-to text this early triggers premature wholesale deletion); the middle tiers say "finish the unit
   in flight, then tidy once"; the top tier says "compact settled spans";
 - an urgent nudge on every turn while the room left is under max(10 % of the limit, 2 × the largest of
@@ -27,12 +28,13 @@ from ctxrl.env.config import HarnessConfig
 from ctxrl.env.context import ToolCall, Turn
 
 READOUT = "[context: {tokens}/{limit} tokens ({percent}% of the limit)]"
-NUDGE_INFO = "[context] {percent}% of the budget is in use ({tokens}/{budget} tokens)."
+# The nudges state the same figure as the readout: tokens against the limit, in the same words.
+NUDGE_INFO = "[context] {percent}% of the limit is in use ({tokens}/{limit} tokens)."
 NUDGE_MID = (
-    "[context] {percent}% of the budget is in use ({tokens}/{budget} tokens). "
+    "[context] {percent}% of the limit is in use ({tokens}/{limit} tokens). "
     "Finish the unit of work in flight, then {tidy} once."
 )
-NUDGE_HIGH = "[context] {percent}% of the budget is in use ({tokens}/{budget} tokens). {compact}"
+NUDGE_HIGH = "[context] {percent}% of the limit is in use ({tokens}/{limit} tokens). {compact}"
 URGENT = (
     "[context] URGENT: {room} tokens left before the limit of {limit}; the next large output may overflow. "
     "{compact_now}"
@@ -153,9 +155,9 @@ def tier_nudge(state: BudgetState, tokens: int, cfg: HarnessConfig, means: Means
     template = NUDGE_INFO if tier == 0 else NUDGE_HIGH if tier == last else NUDGE_MID
     means = means or Means.for_file(cfg.context_file)
     return template.format(
-        percent=percent(tokens, cfg.budget),
+        percent=percent(tokens, cfg.limit),
         tokens=tokens,
-        budget=cfg.budget,
+        limit=cfg.limit,
         tidy=means.tidy,
         compact=means.compact,
     )
