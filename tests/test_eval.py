@@ -93,6 +93,17 @@ def test_summary_math_by_hand() -> None:
     assert "| file-manager | board | 3 | 0.67 ± 0.27 | 1,000 | 3.0 | 1.0 | 0.0 | 1.0 |" in markdown(table)
 
 
+def test_cost_per_success_is_undefined_without_a_success() -> None:
+    """Issue 24: with no success the figure is null in the JSON, never 0 (which would read as free)."""
+    import json
+
+    rows = [episode_row(_episode("board", False, 4e9, 0)), episode_row(_episode("board", False, 2e9, 1))]
+    row = summarize(rows)
+    assert row["success"] == 0.0 and row["cost_per_success"] is None and row["cost"] == 3e9
+    flat = flat_metrics({"append": {"board": row}})
+    assert json.loads(json.dumps(flat))["cost_per_success/append/board"] is None
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

@@ -84,7 +84,7 @@ def eval_command(
     json_path: Path | None = None,
     overwrite: bool = False,
     command: str = "ctxrl eval",
-) -> dict[str, dict[str, dict[str, float]]]:
+) -> dict[str, dict[str, dict[str, float | None]]]:
     """Run the evaluation ``config`` describes; write the outputs; return the summary table."""
     from ctxrl.env.tasks.registry import FAMILIES, make_task
     from ctxrl.env.tasks.splits import split_seeds

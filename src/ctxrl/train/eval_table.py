@@ -66,14 +66,15 @@ def episode_row(ep: EpisodeRecord) -> dict[str, Any]:
     }
 
 
-def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, float | None]:
     """Per-episode means of a group of episodes, success with its binomial standard error, the graded score,
-    and ``cost_per_success`` (the group's FLOPs over its successes; 0 when none succeeded)."""
+    and ``cost_per_success`` (the group's FLOPs over its successes; None — JSON null — when none succeeded:
+    the figure is undefined, and 0 would read as free)."""
     n = len(rows)
     if n == 0:
         return {"episodes": 0.0}
     p = sum(r["success"] for r in rows) / n
-    out = {
+    out: dict[str, float | None] = {
         "episodes": float(n),
         "success": p,
         "success_se": math.sqrt(p * (1 - p) / n),
@@ -81,8 +82,8 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
         "cost": sum(r["cost_flops"] for r in rows) / n,
         "cost_tokens": sum(r["cost_tokens"] for r in rows) / n,
         "score": sum(r.get("score", float(r["success"])) for r in rows) / n,
-        # compute per success: all the group's compute over its successes (0 when nothing succeeded)
-        "cost_per_success": sum(r["cost_flops"] for r in rows) / (p * n) if p else 0.0,
+        # compute per success: all the group's compute over its successes (undefined when nothing succeeded)
+        "cost_per_success": sum(r["cost_flops"] for r in rows) / (p * n) if p else None,
         "edits": sum(r["edits"] for r in rows) / n,
         "rollbacks": sum(r["rollbacks"] for r in rows) / n,
     }
@@ -93,9 +94,9 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 def summary_table(
     results: dict[str, list[dict[str, Any]]], families: Sequence[str]
-) -> dict[str, dict[str, dict[str, float]]]:
+) -> dict[str, dict[str, dict[str, float | None]]]:
     """``{policy: {family or "overall": summarize(...)}}``."""
-    table: dict[str, dict[str, dict[str, float]]] = {}
+    table: dict[str, dict[str, dict[str, float | None]]] = {}
     for policy, rows in results.items():
         by_family = {f: summarize([r for r in rows if r["family"] == f]) for f in families}
         by_family[OVERALL] = summarize(rows)
@@ -103,17 +104,18 @@ def summary_table(
     return table
 
 
-def flat_metrics(table: dict[str, dict[str, dict[str, float]]]) -> dict[str, float]:
-    """``{"success/<policy>/<family>": ..., "cost/<policy>/<family>": ..., ...}`` for ``--json``."""
-    flat: dict[str, float] = {}
+def flat_metrics(table: dict[str, dict[str, dict[str, float | None]]]) -> dict[str, float | None]:
+    """``{"success/<policy>/<family>": ..., "cost/<policy>/<family>": ..., ...}`` for ``--json`` (an undefined
+    figure stays None: null in the JSON)."""
+    flat: dict[str, float | None] = {}
     for policy, rows in table.items():
         for family, row in rows.items():
             for metric, value in row.items():
-                flat[f"{metric}/{policy}/{family}"] = float(value)
+                flat[f"{metric}/{policy}/{family}"] = None if value is None else float(value)
     return flat
 
 
-def markdown(table: dict[str, dict[str, dict[str, float]]]) -> str:
+def markdown(table: dict[str, dict[str, dict[str, Any]]]) -> str:
     """The results as one Markdown table (a row per policy and family, then the policy's overall row)."""
     receipts = [_RECEIPT_LABELS[k] for k in RECEIPT_KINDS]
     head = [*COLUMNS, *(f"{label}/ep" for label in receipts)]
