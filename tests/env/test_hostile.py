@@ -346,3 +346,14 @@ def test_no_zombie_is_left_for_a_subreaper(backend: str) -> None:
         [sys.executable, "-c", _ZOMBIE_PROBE, backend], capture_output=True, text=True, env=env, check=True
     )
     assert out.stdout.strip() == "0", out.stdout + out.stderr
+
+
+def test_argument_texts_walks_any_depth_without_recursion() -> None:
+    """Issue 24: arguments nested ~1,000 deep raised RecursionError in the monitor's scan of a step."""
+    from ctxrl.env.monitor import argument_texts
+
+    deep: object = "needle"
+    for k in range(100_000):
+        deep = {"k": deep} if k % 2 else [deep, str(k)]
+    texts = argument_texts({"command": "ls", "n": deep})
+    assert texts[0] == "ls" and "needle" in texts and len(texts) == 2 + 50_000

@@ -118,14 +118,25 @@ def scan(text: str, region: Region, origin: str = "") -> list[Flag]:
 
 
 def argument_texts(value: object) -> list[str]:
-    """Every string inside a tool call's arguments (nested lists and objects included), in order."""
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in argument_texts(v)]
-    if isinstance(value, list | tuple):
-        return [t for v in value for t in argument_texts(v)]
-    return []
+    """Every string inside a tool call's arguments (nested lists and objects included), in order.
+
+    An explicit stack, not recursion: the arguments are model output, and a call nested thousands deep must
+    not raise ``RecursionError`` in the step (issue 24).
+
+    >>> argument_texts({"a": ["x", {"b": "y"}], "c": 3, "d": "z"})
+    ['x', 'y', 'z']
+    """
+    out: list[str] = []
+    stack: list[object] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            out.append(item)
+        elif isinstance(item, dict):
+            stack.extend(reversed(list(item.values())))
+        elif isinstance(item, list | tuple):
+            stack.extend(reversed(item))
+    return out
 
 
 def added_lines(before: str, after: str) -> str:
