@@ -102,7 +102,7 @@ def test_kill_9_mid_round_then_resume_loses_nothing_and_ends_in_the_clean_state(
 ) -> None:
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    cmd = [sys.executable, "-m", "ctxrl.cli", *_args(out), "--resume"]
+    cmd = [sys.executable, "-m", "ctxrl.cli", *_args(out)]  # a new run: --resume is for one that exists
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while len(_episodes(out)) < 8 and proc.poll() is None and time.monotonic() < deadline:
@@ -141,6 +141,12 @@ def test_bad_input_is_one_line_before_any_episode(tmp_path: Path, capsys: pytest
     (tmp_path / "d" / "notes.txt").write_text("x")
     err = _fails(["evolve", "--out", str(tmp_path / "d"), "--resume"], capsys)
     assert "holds no evolution run" in err
+    # issue 24: a typo'd --out with --resume is refused at once, not started as a new night
+    err = _fails([*_args(tmp_path / "no-such-run"), "--resume"], capsys)
+    assert f"--resume: {tmp_path / 'no-such-run'} does not exist" in err
+    assert not (tmp_path / "no-such-run").exists()
+    (tmp_path / "empty").mkdir()
+    assert "holds no evolution run" in _fails([*_args(tmp_path / "empty"), "--resume"], capsys)
     # a resumed run may not change what it measures
     run = tmp_path / "e"
     Lineage.open(run, mode="file").close()
@@ -177,3 +183,31 @@ def test_the_nights_clock_starts_once(tmp_path: Path) -> None:
     (tmp_path / "night.json").write_text("{not json")
     with pytest.raises(UsageError, match=r"night\.json is unreadable"):
         night_deadline(tmp_path, 1)
+
+
+def test_overnight_script_resumes_only_a_run_that_exists(tmp_path: Path) -> None:
+    """The night's first try starts the run; later tries resume it (``--resume`` of no run is an error)."""
+    script = ROOT / "scripts" / "evolve_overnight.sh"
+    env = {**os.environ, "CTXRL": "echo ctxrl"}  # print the command the loop would run, which exits 0
+    out = tmp_path / "night"
+    first = subprocess.run(
+        ["bash", str(script), str(out), "--hours", "1"], env=env, capture_output=True, text=True
+    )
+    assert first.returncode == 0 and first.stdout.split() == [
+        "ctxrl",
+        "evolve",
+        "--hours",
+        "1",
+        "--out",
+        str(out),
+    ]
+    out.mkdir()
+    (out / "config.yaml").write_text("{}\n")
+    again = subprocess.run(["bash", str(script), str(out)], env=env, capture_output=True, text=True)
+    assert again.returncode == 0 and again.stdout.split() == [
+        "ctxrl",
+        "evolve",
+        "--out",
+        str(out),
+        "--resume",
+    ]

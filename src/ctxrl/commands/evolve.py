@@ -15,7 +15,9 @@ Writes into ``--out``: ``lineage.sqlite`` (every skill, graded episode and gate 
 (always the incumbent), ``config.yaml`` (the resolved run config), ``rounds/<r>/notes.md`` (what the proposer
 read), ``report.md`` (rewritten after every round) and ``evolve.json`` (the summary with the test comparison).
 
-``--resume`` continues the run in ``--out`` (or starts one if the folder is empty or missing). Without
+``--resume`` continues the run in ``--out``; a folder that does not exist, or holds nothing of a run, is an
+error naming it (a typo'd ``--out`` must not start a night). Start a run without ``--resume``;
+``scripts/evolve_overnight.sh`` does so on its first try and resumes after. Without
 ``--config`` and overrides it uses the stored ``config.yaml``; with them, the config must equal the stored one
 except ``evolve.rounds``, ``rollout.workers`` and the proposer's endpoint settings.
 
@@ -95,9 +97,14 @@ def run_evolve(args: argparse.Namespace) -> int:
         if found != optimizer:
             raise UsageError(f"--resume: {out} is a run of --optimizer {found}, not {optimizer}")
         config = resume_config(args, out)
-    elif args.resume and out.is_dir() and not existing:
+    elif args.resume and not out.is_dir():
+        raise UsageError(
+            f"--resume: {out} does not exist; check --out, or start a new run there without --resume"
+        )
+    elif args.resume:
         # a run killed before its lineage store was made leaves only these; anything else is not ours
-        if any(p.name not in ("config.yaml", "night.json", "workspaces") for p in out.iterdir()):
+        names = {p.name for p in out.iterdir()}
+        if not names & {"config.yaml", "night.json"} or names - {"config.yaml", "night.json", "workspaces"}:
             raise UsageError(f"--resume: {out} holds no evolution run (no lineage.sqlite and config.yaml)")
         config = run_config(args)
     else:
