@@ -266,6 +266,22 @@ def test_ctxrl_sft_update_is_the_plain_cross_entropy(records: SimpleNamespace, t
     assert max(float(g.abs().max()) for g in ours.values()) > 1e-3
 
 
+def test_one_row_episodes_share_the_system_prompt_across_episodes(
+    records: SimpleNamespace, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Rows of different episodes that begin alike (the system prompt every demonstration starts with) share
+    it: one-row episodes alone would have nothing to share, so this is the step-wide trie."""
+    system = list(range(30, 130))  # a 100-token common prefix
+    eps = [
+        records.episode([records.step([*system, 7, a], [a + 1, a + 2, 2], source="reset")], group=i)
+        for i, a in enumerate(range(20, 28))
+    ]
+    examples, _ = sft_examples(eps, max_seq_len=256)
+    cfg = SFTConfig(lr=1e-3, max_steps=2, max_seq_len=256, batch_tokens=1024, packing="shared")
+    result = train_sft(cfg, tiny_model_dir, examples, tmp_path, progress=False)
+    assert result.layout == "shared"
+
+
 def test_sft_steps_cover_every_example_once_per_epoch() -> None:
     ex = [SFTExample([1] * n, [0] * (n - 1) + [1], i, (0,)) for i, n in enumerate([30, 20, 50, 10, 40, 25])]
     steps = sft_steps(ex, SFTConfig(max_seq_len=64, batch_tokens=64, epochs=2))

@@ -24,7 +24,7 @@ import yaml
 
 from ctxrl.config import load_config
 from ctxrl.env.config import HarnessConfig
-from ctxrl.env.tasks.registry import FAMILIES, check_difficulty
+from ctxrl.env.tasks.registry import KNOWN_FAMILIES, check_difficulty
 from ctxrl.env.tasks.splits import SPLIT_RANGES
 from ctxrl.errors import ConfigError, TaskError
 from ctxrl.evolve.config import EvolveConfig
@@ -42,7 +42,7 @@ def _check_names(kind: str, names: Sequence[str], valid: Sequence[str]) -> None:
 
 
 def _check_tasks(families: Sequence[str], split: str, difficulty: str) -> None:
-    _check_names("family", families, list(FAMILIES))
+    _check_names("family", families, list(KNOWN_FAMILIES))
     _check_names("split", [split], list(SPLIT_RANGES))
     try:
         check_difficulty(families, difficulty)

@@ -16,7 +16,8 @@ tokens cut off are counted in :class:`ExampleStats`.
 **Training** (``trainer: ctxrl``, the default). The GRPO trainer's own update with a cross-entropy loss
 (:func:`ctxrl.train.update.nll_backward`): each optimiser step's examples (shuffled per epoch, cut into steps
 of at most ``batch_tokens`` tokens, :func:`sft_steps`) are laid out the cheapest way by estimated FLOPs —
-each episode's common prefix once with the rows' suffixes after it, packed lines or padded batches of at most
+the step's common prefix once (the system prompt every row begins with), a trie of the longer prefixes rows
+share below it (an episode's pinned prefix), the rows' suffixes after them, packed lines or padded batches of at most
 ``max_seq_len`` tokens — and the LM head runs only at the loss tokens. Token-mean cross-entropy over the
 step's loss tokens, AdamW, warm-up and decay, gradient clipping.
 
@@ -548,7 +549,8 @@ def _train_sft_ctxrl(
             edit_mask=[0] * len(e.input_ids),
             spans=[],
             episode=e.episode,
-            group=e.episode,  # an episode's rows share its pinned prefix
+            # one group: every row of a step shares the system prompt (a trie nests episodes under it)
+            group=0,
             steps=e.steps,
         )
         for e in examples

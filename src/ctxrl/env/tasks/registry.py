@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ctxrl.env.tasks import board, offload, repo, research, retention
+from ctxrl.env.tasks import board, doors, offload, repo, research, retention
 from ctxrl.env.tasks.base import Task
 from ctxrl.env.tasks.splits import SPLIT_RANGES, split_seeds
 from ctxrl.errors import TaskError
@@ -27,18 +27,27 @@ FAMILIES: dict[str, Generator] = {
     "repo": repo.generate,
     "research": research.generate,
 }
-"""Family name → generator ``(seed, difficulty) -> Task``."""
+"""The benchmark families: name → generator ``(seed, difficulty) -> Task``. "All families" means these."""
+
+TOY_FAMILIES: dict[str, Generator] = {"doors": doors.generate}
+"""Toy families for the golden learning tests (:mod:`ctxrl.env.tasks.doors`): made and trained on by name
+(``tasks.families=[doors]``), never part of "all families"."""
 
 LEVELS: dict[str, tuple[str, ...]] = {
     name: tuple(module.PRESETS) for name, module in (
-        ("retention", retention), ("board", board), ("offload", offload), ("repo", repo), ("research", research)
+        ("retention", retention), ("board", board), ("offload", offload), ("repo", repo), ("research", research),
+        ("doors", doors),
     )
 }  # fmt: skip
-"""Family name → its difficulty levels. Every family has ``easy``, ``default`` and ``hard``; ``short`` (a
-curriculum level of ~1k-token contexts for training small models) exists where a family defines it."""
+"""Family name → its difficulty levels. Every benchmark family has ``easy``, ``default`` and ``hard``;
+``short`` (a curriculum level of ~1k-token contexts for training small models) exists where a family defines
+it; the toy ``doors`` has ``bandit`` and ``detour``."""
 
-DIFFICULTIES = ("short", "easy", "default", "hard")
+DIFFICULTIES = ("short", "easy", "default", "hard", "bandit", "detour")
 """Every level of some family (:data:`LEVELS` says which family has which)."""
+
+KNOWN_FAMILIES: tuple[str, ...] = (*FAMILIES, *TOY_FAMILIES)
+"""Every family a task can be made of by name: the benchmark families, then the toys."""
 
 
 def check_difficulty(families: Sequence[str], difficulty: str) -> None:
@@ -56,9 +65,10 @@ def check_difficulty(families: Sequence[str], difficulty: str) -> None:
 
 
 def _generator(family: str) -> Generator:
-    if family not in FAMILIES:
-        raise TaskError(f"unknown task family {family!r}; known families: {', '.join(FAMILIES)}")
-    return FAMILIES[family]
+    generate = FAMILIES.get(family) or TOY_FAMILIES.get(family)
+    if generate is None:
+        raise TaskError(f"unknown task family {family!r}; known families: {', '.join(KNOWN_FAMILIES)}")
+    return generate
 
 
 def make_task(family: str, seed: int, difficulty: str = "default", *, split: str | None = None) -> Task:
@@ -152,8 +162,10 @@ def to_dataset(family: str, split: str, n: int, difficulty: str = "default") -> 
 __all__ = [
     "DIFFICULTIES",
     "FAMILIES",
+    "KNOWN_FAMILIES",
     "LEVELS",
     "SPLIT_RANGES",
+    "TOY_FAMILIES",
     "BuiltinTaskSource",
     "check_difficulty",
     "from_dataset_row",
