@@ -19,6 +19,7 @@ door) in about half the tasks, by the same hash.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 
 from ctxrl.env.tasks import _gen
@@ -69,8 +70,6 @@ def generate(seed: int, difficulty: str = "bandit") -> Task:
 
 
 def _call(name: str, arguments: dict[str, str]) -> str:
-    import json
-
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
