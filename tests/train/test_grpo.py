@@ -157,6 +157,11 @@ def test_resumed_run_repeats_the_uninterrupted_one(
     whole = run(tiny_model_dir, tmp_path / "a", whole_engine, tiny_tokenizer, max_steps=2, steps=2)
     # "killed" after step 1: a run of 1 step, then resumed to 2
     run(tiny_model_dir, tmp_path / "b", TwoStyleEngine(tiny_tokenizer), tiny_tokenizer, max_steps=2, steps=1)
+    # a kill in the middle of writing step 2's checkpoint leaves its temporary folder, half written; `latest`
+    # still names step 1, and the resume neither reads nor trips over the debris
+    debris = tmp_path / "b" / "checkpoints" / ".step-000002.tmp"
+    debris.mkdir()
+    (debris / "trainable.pt").write_bytes(b"half a tensor")
     resumed_engine = TwoStyleEngine(tiny_tokenizer)
     resumed = run(
         tiny_model_dir, tmp_path / "b", resumed_engine, tiny_tokenizer, max_steps=2, steps=2, resume=True
@@ -169,6 +174,17 @@ def test_resumed_run_repeats_the_uninterrupted_one(
     assert len(resumed_engine.synced) == 2
     for k, v in whole_engine.synced[-1].items():
         assert torch.equal(v, resumed_engine.synced[-1][k]), k
+    # and the optimiser state was restored, not restarted: after step 2 both runs hold the same Adam moments
+    # and step counts (an on-policy loss would be equal without them; these would not)
+    states = [
+        torch.load(tmp_path / r / "checkpoints" / "step-000002" / "optimizer.pt", weights_only=False)["state"]
+        for r in ("a", "b")
+    ]
+    assert states[0].keys() == states[1].keys() and states[0]
+    for i, st in states[0].items():
+        for name, value in st.items():
+            assert torch.equal(value, states[1][i][name]), (i, name)
+    assert not debris.exists()
 
 
 TINY = [
