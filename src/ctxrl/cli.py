@@ -176,8 +176,10 @@ def _add_sft(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument(
         "--demos",
         type=Path,
+        nargs="+",
         default=None,
-        help="trajectories.jsonl of demonstrations (default: record them with engine.policy into OUT/demos)",
+        help="trajectories.jsonl files of demonstrations, used together (e.g. the scripted demonstrations "
+        "and a model's own successful episodes; default: record them with engine.policy into OUT/demos)",
     )
     p.add_argument(
         "--model", default=None, help="base model folder or registry name (sets model=; default: tiny)"

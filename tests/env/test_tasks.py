@@ -149,6 +149,30 @@ def test_the_short_curriculum_level_is_retention_only_and_small(tmp_path: Path) 
         make_task("board", 1, "short")
 
 
+def test_the_retention_ladder_lowers_targets_parts_and_confusers_under_one_verifier(tmp_path: Path) -> None:
+    """``mini`` < ``small`` < ``short``: fewer values to keep, fewer parts, fewer look-alike near misses (each
+    a forbidden value); the same verifier kind; the rungs' prompts state nothing that is false there."""
+    sizes = {}
+    for level in ("mini", "small", "short"):
+        tasks = [make_task("retention", seed, level) for seed in range(8)]
+        for task in tasks:
+            assert task.verifier.kind == "all_values"
+            assert task.verifier.verify(task.metadata["oracle_answer"]).success
+            assert not task.verifier.verify("\n".join(task.verifier.forbidden)).success
+        near_misses = max(len(t.verifier.forbidden) for t in tasks)
+        sizes[level] = (
+            len(tasks[0].verifier.expected),
+            len(tasks[0].metadata["observation_calls"]),
+            near_misses,
+        )
+    # (values, parts, near misses per task): one look-alike per target at mini, two at small, three at short
+    assert sizes == {"mini": (1, 2, 1), "small": (1, 3, 2), "short": (2, 4, 6)}
+    mini = make_task("retention", 3, "mini")
+    assert len(_observe(mini, tmp_path)) == 2
+    assert "rotated" not in mini.prompt and "several times larger" not in mini.prompt
+    assert "rotated" in make_task("retention", 3, "short").prompt  # the existing levels keep their prompt
+
+
 def test_builtin_source_is_a_task_source_balanced_over_families() -> None:
     source = BuiltinTaskSource(["retention", "board"])
     assert isinstance(source, TaskSource)

@@ -43,3 +43,27 @@ def test_the_tools_manager_solves_a_task_with_handles_it_can_see(tiny_tokenizer:
     assert drops >= 3 and verdict.success
     assert "history" not in reasons  # the offer appended a note; it did not rewrite the prompt's history
     assert "context_drop" not in [t["function"]["name"] for t in episode.tools]  # nor the tool list
+
+
+def test_the_tools_manager_restates_its_facts_after_a_compaction(tiny_tokenizer: Any, tmp_path: Path) -> None:
+    """Once it has facts, every later action carries them: the pressure pass may fold the message that held
+    them (retention `short` tasks lost their kept values that way: 7 of 32 solved, 14 with the restatement)."""
+    from ctxrl.env.policies.view import FACTS_HEADER
+
+    builder = PromptBuilder(tiny_tokenizer)
+    task = make_task("retention", 100_001, "small", split="dev")
+    episode = TaskEpisode(task, "tools", builder, workspace=tmp_path / "ws")
+    episode.reset()
+    policy = make_policy("tools-manager")
+    texts = []
+    try:
+        while not episode.done:
+            texts.append(policy(builder.decode(episode.prompt_ids)))
+            episode.step(builder.action_ids(texts[-1]))
+        verdict = episode.finish()
+    finally:
+        episode.teardown()
+    first = next(i for i, t in enumerate(texts) if FACTS_HEADER in t)
+    later = [t for t in texts[first + 1 :] if '"submit"' not in t]
+    assert later and all(FACTS_HEADER in t for t in later)
+    assert verdict.success

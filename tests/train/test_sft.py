@@ -12,7 +12,15 @@ import pytest
 
 from ctxrl.config import load_config
 from ctxrl.errors import ConfigError, UsageError
-from ctxrl.train.sft import SFTConfig, SFTExample, load_demonstrations, sft_examples, sft_steps, train_sft
+from ctxrl.train.sft import (
+    SFTConfig,
+    SFTExample,
+    load_demonstrations,
+    loss_sample,
+    sft_examples,
+    sft_steps,
+    train_sft,
+)
 from ctxrl.train.trajectory import save_trajectories
 
 
@@ -69,6 +77,40 @@ def test_examples_cap_length_and_skip_failures(records: SimpleNamespace) -> None
     assert len(sft_examples([failed, ok], max_seq_len=8, successful_only=False)[0]) == 2
 
 
+def test_decision_copies_repeat_the_edit_tokens_up_to_the_last_edit(records: SimpleNamespace) -> None:
+    s = records.step
+    ep = records.episode(
+        [
+            s([1, 2, 3], [10, 11], source="reset"),
+            s([1, 2, 3, 10, 11, 4], [12, 13, 14], edit=[1, 1, 0]),  # a notes rewrite, then one more token
+            s([1, 2, 3, 10, 11, 4, 12, 13, 14, 5], [15]),
+            s([1, 6], [16, 17], source="rebuild"),  # a row with no edit: no copy
+        ]
+    )
+    plain, _ = sft_examples([ep], max_seq_len=100)
+    examples, stats = sft_examples([ep], max_seq_len=100, decision_copies=2)
+    assert examples[0] == plain[0] and examples[3] == plain[1] and not examples[0].decision
+    copies = examples[1:3]
+    assert all(c.decision for c in copies) and stats.decision_examples == 2 and stats.examples == 4
+    # the row up to its last edit token, the loss on the edit tokens only
+    assert copies[0].input_ids == [1, 2, 3, 10, 11, 4, 12, 13]
+    assert copies[0].completion_mask == [0, 0, 0, 0, 0, 0, 1, 1]
+    # a cap that cuts the edit away leaves no copy
+    assert sft_examples([ep], max_seq_len=6, decision_copies=2)[1].decision_examples == 0
+
+
+def test_decision_copies_need_the_ctxrl_trainer(records: SimpleNamespace, tiny_model_dir: Path) -> None:
+    s = records.step
+    ep = records.episode([s([1, 2, 3], [10, 11], source="reset", edit=[1, 0])])
+    examples, _ = sft_examples([ep], max_seq_len=64, decision_copies=1)
+    with pytest.raises(ConfigError, match=r"decision_copies needs sft\.trainer: ctxrl"):
+        train_sft(
+            SFTConfig(trainer="trl", max_seq_len=64, batch_tokens=64), tiny_model_dir, examples, "unused"
+        )
+    with pytest.raises(ConfigError, match="decision_copies"):
+        SFTConfig(decision_copies=-1)
+
+
 def test_config_checks_name_the_field() -> None:
     with pytest.raises(ConfigError, match="batch_tokens"):
         SFTConfig(max_seq_len=4096, batch_tokens=1024)
@@ -120,9 +162,10 @@ def test_short_run_lowers_the_loss_and_saves_a_loadable_model(
     assert not any("lora" in name for name, _ in model.named_parameters())
     assert (result.model_dir / "tokenizer.json").is_file()
     # the saved weights give the loss the run reported (the merge changed nothing)
-    assert demonstration_loss(model, examples) == pytest.approx(result.loss_after, abs=1e-4)
+    measured = loss_sample(examples)  # 48 of the 64 sequences
+    assert demonstration_loss(model, measured) == pytest.approx(result.loss_after, abs=1e-4)
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    assert demonstration_loss(base, examples) == pytest.approx(result.loss_before, abs=1e-4)
+    assert demonstration_loss(base, measured) == pytest.approx(result.loss_before, abs=1e-4)
     assert torch.isfinite(torch.tensor(result.loss_after))
 
 
@@ -210,6 +253,43 @@ def test_ctxrl_sft_end_to_end_records_then_trains(tmp_path: Path, capsys: pytest
     )  # fmt: skip
     assert code == 0
     assert json.loads((again / "summary.json").read_text())["base_model"] == str(out / "model")
+
+
+def test_ctxrl_sft_holds_out_the_last_demonstrations_and_takes_several_files(
+    records: SimpleNamespace, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Two demonstration files train together; the last ``heldout_episodes`` are never trained on and their
+    loss before and after is in the summary."""
+    eps = _copy_task(records, 24)
+    save_trajectories(eps[:12], tmp_path / "a.jsonl")
+    save_trajectories(eps[12:], tmp_path / "b.jsonl")
+    out = tmp_path / "sft"
+    args = ["sft", "--demos", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"), "--out", str(out)]
+    sets = [
+        "sft.lr=3e-3",
+        "sft.max_steps=6",
+        "sft.max_seq_len=64",
+        "sft.batch_tokens=256",
+        "sft.heldout_episodes=4",
+    ]
+    assert _main(*args, "--model", str(tiny_model_dir), *sets) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["episodes"] == 20 and summary["heldout_episodes"] == 4
+    assert summary["demos"] == [str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]
+    # the copy rule generalises to the held-out prompts, so their loss falls too, measured on them alone
+    assert summary["heldout_loss_after"] < summary["heldout_loss_before"]
+    from transformers import AutoModelForCausalLM
+
+    from ctxrl.train.sft import demonstration_loss
+
+    heldout, _ = sft_examples(eps[-4:], max_seq_len=64)
+    model = AutoModelForCausalLM.from_pretrained(out / "model")
+    assert demonstration_loss(model, heldout) == pytest.approx(summary["heldout_loss_after"], abs=1e-4)
+
+    assert (
+        _main(*args, "--overwrite", "--model", str(tiny_model_dir), *sets[:-1], "sft.heldout_episodes=24")
+        == 1
+    )
 
 
 def test_ctxrl_sft_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

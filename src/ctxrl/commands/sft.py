@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from ctxrl.commands.common import (
 )
 from ctxrl.commands.config import RunConfig
 from ctxrl.errors import UsageError
+from ctxrl.train.trajectory import EpisodeRecord
 
 
 def run_sft(args: argparse.Namespace) -> int:
@@ -75,33 +77,44 @@ def record_demonstrations(config: RunConfig, base: Path, out: Path) -> Path:
 
 
 def sft_command(
-    config: RunConfig, out: Path, *, demos: Path | None = None, overwrite: bool = False
+    config: RunConfig, out: Path, *, demos: Path | Sequence[Path] | None = None, overwrite: bool = False
 ) -> dict[str, Any]:
     """Run the SFT warm start ``config`` describes into the run folder ``out``; return its summary."""
     from ctxrl.train.sft import load_demonstrations, sft_examples, train_sft
 
     sft = config.sft
-    if demos is not None:
-        episodes = load_demonstrations(demos)  # a bad file fails before the run folder is touched
-    else:
+    files = [demos] if isinstance(demos, Path) else list(demos or [])
+    episodes = [ep for f in files for ep in load_demonstrations(f)]  # a bad file fails before out is touched
+    if not files:
         check_recorder(config)
     out = prepare_out(out, overwrite=overwrite)
     save_config(config, out)
     base = base_model_dir(config, out)
-    if demos is None:
-        demos = record_demonstrations(config, base, out / "demos")
-        episodes = load_demonstrations(demos)
-    examples, stats = sft_examples(episodes, max_seq_len=sft.max_seq_len, successful_only=sft.successful_only)
+    if not files:
+        files = [record_demonstrations(config, base, out / "demos")]
+        episodes = load_demonstrations(files[0])
+    trained_on, heldout_episodes = split_heldout(episodes, sft.heldout_episodes)
+    examples, stats = sft_examples(
+        trained_on,
+        max_seq_len=sft.max_seq_len,
+        successful_only=sft.successful_only,
+        decision_copies=sft.decision_copies,
+    )
+    heldout, _ = sft_examples(
+        heldout_episodes, max_seq_len=sft.max_seq_len, successful_only=sft.successful_only
+    )
     print(
-        f"demonstrations {demos}: {stats.episodes} episodes used ({stats.skipped_episodes} failed, left out), "
-        f"{stats.examples} sequences, {stats.tokens} tokens, {stats.loss_tokens} loss tokens "
+        f"demonstrations {', '.join(map(str, files))}: {stats.episodes} episodes used ({stats.skipped_episodes} "
+        f"failed, left out; {len(heldout_episodes)} held out), {stats.examples} sequences "
+        f"({stats.decision_examples} decision copies), {stats.tokens} tokens, {stats.loss_tokens} loss tokens "
         f"({stats.truncated_loss_tokens} cut off by sft.max_seq_len={sft.max_seq_len})"
     )
-    result = train_sft(sft, base, examples, out)
+    result = train_sft(sft, base, examples, out, heldout=heldout)
     shutil.rmtree(out / "trainer", ignore_errors=True)  # the trainer's scratch folder; nothing is kept there
     write_text(out / "metrics.jsonl", "".join(json.dumps(entry) + "\n" for entry in result.log))
     summary = {
-        "demos": str(demos),
+        "demos": str(files[0]) if len(files) == 1 else [str(f) for f in files],
+        "heldout_episodes": len(heldout_episodes),
         "base_model": str(base),
         **stats.to_dict(),
         **result.to_dict(),
@@ -110,6 +123,19 @@ def sft_command(
     write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     _print_summary(summary)
     return summary
+
+
+def split_heldout(episodes: list[EpisodeRecord], n: int) -> tuple[list[EpisodeRecord], list[EpisodeRecord]]:
+    """``(trained on, held out)``: the last ``n`` demonstrations are held out (:attr:`SFTConfig.heldout_episodes`);
+    a UsageError when that leaves nothing to train on."""
+    if n == 0:
+        return episodes, []
+    if n >= len(episodes):
+        raise UsageError(
+            f"sft.heldout_episodes={n} holds out every one of the {len(episodes)} demonstrations; lower it or "
+            "record more (tasks.count)"
+        )
+    return episodes[:-n], episodes[-n:]
 
 
 def _print_summary(s: dict[str, Any]) -> None:
@@ -121,4 +147,9 @@ def _print_summary(s: dict[str, Any]) -> None:
     )
     print(f"  wall              {s['wall_s']:.1f} s of training")
     print(f"  demo loss         {s['loss_before']:.4f} -> {s['loss_after']:.4f}  (token mean on loss tokens)")
+    if s["heldout_loss_before"] is not None:
+        print(
+            f"  held-out loss     {s['heldout_loss_before']:.4f} -> {s['heldout_loss_after']:.4f}  "
+            f"({s['heldout_episodes']} demonstrations never trained on)"
+        )
     print(f"  model             {s['model_dir']}")

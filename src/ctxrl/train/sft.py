@@ -35,7 +35,7 @@ import json
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -78,6 +78,13 @@ class SFTConfig:
     """Clip the gradient norm to this before each step; null disables clipping."""
     successful_only: bool = True
     """Train only on demonstrations whose episode succeeded."""
+    decision_copies: int = 0
+    """Extra copies of each sequence's decision tokens: the calls that edited the context (the notes rewrite
+    that keeps the asked records), each copy the sequence up to its last edit token with the loss on the edit
+    tokens only. 0 trains every generated token once; 3 gives the decisions four times the weight."""
+    heldout_episodes: int = 0
+    """The last N demonstrations are held out of training; their loss before and after training is reported
+    (``heldout_loss_before`` / ``heldout_loss_after``) beside the loss on the trained demonstrations."""
     lora: LoraSettings = field(default_factory=LoraSettings)
     """LoRA adapter (peft) instead of full fine-tuning; merged into the saved model."""
     dtype: Literal["float32", "bfloat16"] = "float32"
@@ -115,6 +122,11 @@ class SFTConfig:
             )
         if self.log_every < 1:
             raise ConfigError(f"sft.log_every must be >= 1, got {self.log_every}")
+        if self.decision_copies < 0 or self.heldout_episodes < 0:
+            raise ConfigError(
+                f"sft.decision_copies and sft.heldout_episodes must be >= 0, got {self.decision_copies} "
+                f"and {self.heldout_episodes}"
+            )
         if self.packing == "shared" and self.trainer == "trl":
             raise ConfigError("sft.packing: shared needs sft.trainer: ctxrl (TRL packs or pads rows)")
 
@@ -134,6 +146,8 @@ class SFTExample:
     """Index of the episode (in the list given to :func:`sft_examples`)."""
     steps: tuple[int, ...]
     """The episode's steps whose generated ids are in this sequence."""
+    decision: bool = False
+    """An extra copy of a sequence's decision tokens (:attr:`SFTConfig.decision_copies`)."""
 
 
 @dataclass(frozen=True)
@@ -149,9 +163,12 @@ class ExampleStats:
     loss_tokens: int
     truncated_loss_tokens: int
     """Generated tokens cut off by ``max_seq_len`` (not trained on)."""
+    decision_examples: int = 0
+    """Of ``examples``, the extra copies of decision tokens (:attr:`SFTConfig.decision_copies`)."""
 
     def to_dict(self) -> dict[str, int]:
         return {
+            "decision_examples": self.decision_examples,
             "episodes": self.episodes,
             "skipped_episodes": self.skipped_episodes,
             "examples": self.examples,
@@ -222,14 +239,20 @@ def load_demonstrations(path: str | Path) -> list[EpisodeRecord]:
 
 
 def sft_examples(
-    episodes: Sequence[EpisodeRecord], *, max_seq_len: int, successful_only: bool = True
+    episodes: Sequence[EpisodeRecord],
+    *,
+    max_seq_len: int,
+    successful_only: bool = True,
+    decision_copies: int = 0,
 ) -> tuple[list[SFTExample], ExampleStats]:
     """The training sequences of ``episodes`` (see the module docstring) and their counts.
 
-    Rows that keep no loss token after the cap are dropped.
+    Rows that keep no loss token after the cap are dropped. With ``decision_copies`` each row whose kept
+    part holds edit tokens adds that many copies of itself up to its last edit token, the loss on the edit
+    tokens only (:attr:`SFTConfig.decision_copies`).
     """
     examples = []
-    skipped = truncated = 0
+    skipped = truncated = decisions = 0
     for i, episode in enumerate(episodes):
         if successful_only and not episode.success:
             skipped += 1
@@ -239,8 +262,15 @@ def sft_examples(
             ids = row.input_ids[:max_seq_len]
             mask = row.loss_mask[:max_seq_len]
             truncated += row.num_loss_tokens - sum(mask)
-            if any(mask):
-                examples.append(SFTExample(ids, mask, episode=i, steps=row.steps))
+            if not any(mask):
+                continue
+            examples.append(SFTExample(ids, mask, episode=i, steps=row.steps))
+            edits = [int(m and e) for m, e in zip(mask, row.edit_mask, strict=False)]
+            if decision_copies and any(edits):
+                end = max(t for t, e in enumerate(edits) if e) + 1
+                copy = SFTExample(ids[:end], edits[:end], episode=i, steps=row.steps, decision=True)
+                examples += [copy] * decision_copies
+                decisions += decision_copies
     stats = ExampleStats(
         episodes=len(episodes) - skipped,
         skipped_episodes=skipped,
@@ -248,6 +278,7 @@ def sft_examples(
         tokens=sum(len(e.input_ids) for e in examples),
         loss_tokens=sum(sum(e.completion_mask) for e in examples),
         truncated_loss_tokens=truncated,
+        decision_examples=decisions,
     )
     return examples, stats
 
@@ -288,6 +319,23 @@ def demonstration_loss(model: Any, examples: Sequence[SFTExample]) -> float:
     return total / count if count else math.nan
 
 
+LOSS_SAMPLE = 48
+"""Sequences the demonstration loss before and after training is measured on (evenly spaced over the trained
+ones): one forward pass each, so on a CPU the measurement of every sequence of a large run would cost as much
+as an epoch."""
+
+
+def loss_sample(examples: Sequence[SFTExample], size: int = LOSS_SAMPLE) -> list[SFTExample]:
+    """At most ``size`` of ``examples``, evenly spaced (all of them when there are fewer).
+
+    >>> [e.episode for e in loss_sample([SFTExample([1, 2], [0, 1], i, (0,)) for i in range(10)], 4)]
+    [0, 2, 5, 7]
+    """
+    if len(examples) <= size:
+        return list(examples)
+    return [examples[i * len(examples) // size] for i in range(size)]
+
+
 @dataclass(frozen=True)
 class SFTResult:
     """What a run did: the saved model, its loss on the demonstrations before and after, speed."""
@@ -307,6 +355,12 @@ class SFTResult:
     layout: str = ""
     """The layout the steps ran in: ``shared``, ``packed``, ``padded`` (or a mix, ``mixed``)."""
     trainer: str = "trl"
+    heldout_loss_before: float | None = None
+    """The loss on held-out demonstrations (:attr:`SFTConfig.heldout_episodes`) before training; None
+    without them."""
+    heldout_loss_after: float | None = None
+    trained: Any = field(default=None, repr=False, compare=False)
+    """The trained model in memory (merged), for the caller's own checks; not part of the summary."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -324,6 +378,8 @@ class SFTResult:
             "packed": self.packed,
             "layout": self.layout,
             "trainer": self.trainer,
+            "heldout_loss_before": self.heldout_loss_before,
+            "heldout_loss_after": self.heldout_loss_after,
         }
 
 
@@ -353,18 +409,19 @@ def train_sft(
     examples: Sequence[SFTExample],
     out: str | Path,
     *,
+    heldout: Sequence[SFTExample] = (),
     progress: bool = True,
 ) -> SFTResult:
     """Fine-tune the causal LM in ``base_model`` on ``examples``; save it to ``<out>/model``.
+
+    The demonstration loss before and after is measured on up to :data:`LOSS_SAMPLE` of ``examples`` (decision
+    copies left out) and, when given, on every ``heldout`` sequence, which is never trained on.
 
     ``<out>/model`` holds the full weights (a LoRA adapter merged in) and the base model's tokenizer. The
     trainer writes nothing else into ``out``. Raises :class:`UsageError` when there is nothing to train on
     or the ids do not fit the model's vocabulary.
     """
-    import datasets
     import torch
-    from trl import SFTConfig as TRLSFTConfig
-    from trl import SFTTrainer
 
     from ctxrl.env.tokenizer import load_tokenizer_dir
     from ctxrl.train.logprobs import packing_supported
@@ -380,9 +437,45 @@ def train_sft(
     check_vocab(examples, int(model.get_input_embeddings().weight.shape[0]), "the demonstrations")
     torch.manual_seed(config.seed)
     packed = config.packing == "packed" or (config.packing == "auto" and packing_supported(model))
-    loss_before = demonstration_loss(model, examples)
+    if config.trainer == "trl" and any(e.decision for e in examples):
+        raise ConfigError(
+            "sft.decision_copies needs sft.trainer: ctxrl (TRL's completion mask is 0/1 per row)"
+        )
+    plain = loss_sample([e for e in examples if not e.decision])
+    loss_before = demonstration_loss(model, plain)
+    heldout_before = demonstration_loss(model, heldout) if heldout else None
     if config.trainer == "ctxrl":
-        return _train_sft_ctxrl(config, model, tokenizer, examples, out, loss_before, progress=progress)
+        result = _train_sft_ctxrl(
+            config, model, tokenizer, examples, plain, out, loss_before, progress=progress
+        )
+        trained: Any = result.trained
+    else:
+        result, trained = _train_sft_trl(
+            config, model, tokenizer, examples, plain, out, loss_before, packed, progress
+        )
+    if not heldout:
+        return result
+    return replace(
+        result, heldout_loss_before=heldout_before, heldout_loss_after=demonstration_loss(trained, heldout)
+    )
+
+
+def _train_sft_trl(
+    config: SFTConfig,
+    model: Any,
+    tokenizer: Any,
+    examples: Sequence[SFTExample],
+    measured: Sequence[SFTExample],
+    out: Path,
+    loss_before: float,
+    packed: bool,
+    progress: bool,
+) -> tuple[SFTResult, Any]:
+    """Supervised training with TRL's ``SFTTrainer`` (see :attr:`SFTConfig.trainer`); the result and the
+    trained (merged) model."""
+    import datasets
+    from trl import SFTConfig as TRLSFTConfig
+    from trl import SFTTrainer
 
     dataset = datasets.Dataset.from_dict(
         {
@@ -427,7 +520,7 @@ def train_sft(
     wall = time.perf_counter() - start
 
     trained, model_dir = _save(trainer.model, tokenizer, config, out)
-    loss_after = demonstration_loss(trained, examples)
+    loss_after = demonstration_loss(trained, measured)
     log = [dict(entry) for entry in trainer.state.log_history]
     tokens = max((int(e["num_tokens"]) for e in log if "num_tokens" in e), default=0)
     return SFTResult(
@@ -441,7 +534,7 @@ def train_sft(
         log=log,
         layout="packed" if packed else "padded",
         trainer="trl",
-    )
+    ), trained
 
 
 def _save(trained: Any, tokenizer: Any, config: SFTConfig, out: Path) -> tuple[Any, Path]:
@@ -519,6 +612,7 @@ def _train_sft_ctxrl(
     model: Any,
     tokenizer: Any,
     examples: Sequence[SFTExample],
+    measured: Sequence[SFTExample],
     out: Path,
     loss_before: float,
     *,
@@ -609,9 +703,10 @@ def _train_sft_ctxrl(
         trained_tokens=tokens,
         wall_s=wall,
         loss_before=loss_before,
-        loss_after=demonstration_loss(trained, examples),
+        loss_after=demonstration_loss(trained, measured),
         packed=kind != "padded",
         log=log,
         layout=kind,
         trainer="ctxrl",
+        trained=trained,
     )

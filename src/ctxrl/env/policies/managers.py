@@ -17,7 +17,7 @@ threshold explicitly instead (:class:`ctxrl.env.policies.ScriptedPolicy` does, t
 |---|---|---|
 | :func:`append` | ``append`` | never manages |
 | :func:`harness` | ``harness`` | never manages (the harness spills and folds); restates its facts in its own message every step, as the mode's skill asks |
-| :func:`tools` | ``tools`` | once the context tools are offered (tool list or offer note): one ``context_status`` (no readout in this mode); past the threshold ``context_drop`` of every result of 300+ characters still in context, by the handle each shows (``[r<round>.<i>]``), the facts in its own message (a ``context_note`` would carry a preserved-identifier block that costs more than it frees at small budgets) |
+| :func:`tools` | ``tools`` | once the context tools are offered (tool list or offer note): one ``context_status`` (no readout in this mode); past the threshold ``context_drop`` of every result of 300+ characters still in context, by the handle each shows (``[r<round>.<i>]``), the facts in its own message (a ``context_note`` would carry a preserved-identifier block that costs more than it frees at small budgets), and restated in every later message (the pressure pass may fold the one that held them) |
 | :func:`usage` | ``usage`` | when the usage block shows or the readout passes the threshold: ``evict_file_view`` of every open file view by the path the prompt shows and ``archive_thread`` of the turns up to its previous reclaim; with no view open, ``archive_thread`` of every finished turn; the facts in its own message |
 | :func:`file` | ``file`` | rewrites the context file with one user note holding the facts (``cat > context.md <<'EOF'``) |
 """
@@ -85,9 +85,11 @@ def tools(view: View, plan: Plan, threshold: float | None = None) -> str:
     readout; later the reading is scaled by the growth of the text in view), then, past the threshold, one
     ``context_drop`` of every result still in context, each named by the handle its first line shows
     (``[r<round>.<i>]``), the facts written in this message (assistant messages are never dropped). Otherwise
-    the task action."""
+    the task action, with the facts restated once the context tools are offered: the mode's pressure pass
+    may fold old turns, a message holding facts among them, and the latest turns are never folded."""
     if "context_drop" not in view.tools:
         return render_action(plan.calls)
+    facts = facts_block(plan.facts) if plan.facts else ""
     if view.tokens is None and not view.last_action_edited() and "context_status" not in view.last_calls():
         return render_action([Call("context_status")])  # tools mode shows no readout: ask once, then scale
     if _due(view, threshold):
@@ -102,7 +104,7 @@ def tools(view: View, plan: Plan, threshold: float | None = None) -> str:
         ][-64:]
         if handles:
             return render_action([Call("context_drop", {"handles": handles})], prose=facts_block(plan.facts))
-    return render_action(plan.calls)
+    return render_action(plan.calls, prose=facts)
 
 
 def open_views(view: View) -> list[str]:

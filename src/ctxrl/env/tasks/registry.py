@@ -41,9 +41,9 @@ LEVELS: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 """Family name → its difficulty levels. Every benchmark family has ``easy``, ``default`` and ``hard``;
 ``short`` (a curriculum level of ~1k-token contexts for training small models) exists where a family defines
-it; the toy ``doors`` has ``bandit`` and ``detour``."""
+it, and ``retention`` has two rungs below it (``mini``, ``small``: one value to keep, fewer confusers); the toy ``doors`` has ``bandit`` and ``detour``."""
 
-DIFFICULTIES = ("short", "easy", "default", "hard", "bandit", "detour")
+DIFFICULTIES = ("mini", "small", "short", "easy", "default", "hard", "bandit", "detour")
 """Every level of some family (:data:`LEVELS` says which family has which)."""
 
 KNOWN_FAMILIES: tuple[str, ...] = (*FAMILIES, *TOY_FAMILIES)

@@ -36,10 +36,42 @@ class Knobs:
     """Targets whose value is replaced later in the stream (the earlier value becomes a wrong answer)."""
     budget_tokens: int
     max_steps: int
+    lookalikes: int = 3
+    """Records of look-alike entities per target, each with a near-miss value (at most 3)."""
+    other_fields: int = 2
+    """Records of the target entity's other fields per target (at most 4)."""
+    warnings: bool = True
+    """The prompt warns of rotated values and of a log larger than the budget; the ladder's lowest rungs,
+    which have neither, leave both sentences out."""
 
 
 PRESETS = {
-    # a curriculum level for small models: ~1k-token contexts, four parts, two targets, no rotation
+    # The curriculum ladder for small models, lowest rung first (docs/results/learning/calibration.md):
+    # one target in a two-part stream with a single confuser of each kind ...
+    "mini": Knobs(
+        n_chunks=2,
+        lines_per_chunk=6,
+        n_targets=1,
+        rotations=0,
+        budget_tokens=1600,
+        max_steps=6,
+        lookalikes=1,
+        other_fields=1,
+        warnings=False,
+    ),
+    # ... one target in three parts with two look-alikes ...
+    "small": Knobs(
+        n_chunks=3,
+        lines_per_chunk=8,
+        n_targets=1,
+        rotations=0,
+        budget_tokens=1600,
+        max_steps=8,
+        lookalikes=2,
+        other_fields=1,
+        warnings=False,
+    ),
+    # ... and ~1k-token contexts, four parts, two targets, every confuser, no rotation.
     "short": Knobs(n_chunks=4, lines_per_chunk=8, n_targets=2, rotations=0, budget_tokens=1500, max_steps=10),
     "easy": Knobs(
         n_chunks=10, lines_per_chunk=14, n_targets=3, rotations=0, budget_tokens=3000, max_steps=24
@@ -77,7 +109,8 @@ def _time_lines(r: random.Random, n: int, start: int) -> list[int]:
 
 
 def generate(seed: int, difficulty: str = "default") -> Task:
-    """The retention task for ``seed`` at ``difficulty`` (``short`` / ``easy`` / ``default`` / ``hard``)."""
+    """The retention task for ``seed`` at ``difficulty`` (``mini`` / ``small`` / ``short`` / ``easy`` /
+    ``default`` / ``hard``)."""
     k = _gen.pick_preset(PRESETS, FAMILY, difficulty)
     r = _gen.rng(FAMILY, seed, difficulty)
     total_lines = k.n_chunks * k.lines_per_chunk
@@ -114,11 +147,11 @@ def generate(seed: int, difficulty: str = "default") -> Task:
             forbidden.append(old)
         else:
             place(f"registry {ent} {fld}={val}")
-        for look in _lookalikes(r, ent):
+        for look in _lookalikes(r, ent)[: k.lookalikes]:
             miss = _gen.near_miss(r, val)
             place(f"registry {look} {fld}={miss}")
             forbidden.append(miss)
-        for other in r.sample([f for f in _FIELDS if f != fld], 2):
+        for other in r.sample([f for f in _FIELDS if f != fld], k.other_fields):
             place(f"registry {ent} {other}={_FIELDS[other](r)}")
 
     lines: list[str] = []
@@ -138,10 +171,14 @@ def generate(seed: int, difficulty: str = "default") -> Task:
         f"A service registry streams its log in {k.n_chunks} parts. Call the tool `next_chunk` (no arguments) "
         "once per part until it reports the end of the stream. A delivered part cannot be fetched again.\n\n"
         f"Then answer with the current value of each of these registry fields:\n{asks}\n\n"
-        "Entity names look alike (orion-7, orion-17, vega-7 ...): match them exactly. A value may be replaced "
-        'later in the stream by a line marked "(rotated)"; give the latest one. Write one line per item, '
-        "`entity field = value`, copying each value verbatim. The whole log is several times larger than "
-        "your context budget."
+        "Entity names look alike (orion-7, orion-17, vega-7 ...): match them exactly. "
+        + (
+            'A value may be replaced later in the stream by a line marked "(rotated)"; give the latest one. '
+            if k.warnings
+            else ""
+        )
+        + "Write one line per item, `entity field = value`, copying each value verbatim."
+        + (" The whole log is several times larger than your context budget." if k.warnings else "")
     )
     stream = _gen.stream_tool(
         "next_chunk",
