@@ -201,6 +201,19 @@ def _add_report(sub: argparse._SubParsersAction[Any]) -> None:
     p.set_defaults(run="ctxrl.commands.report:run_report")
 
 
+def _add_calibrate(sub: argparse._SubParsersAction[Any]) -> None:
+    p = sub.add_parser(
+        "calibrate", help="tabulate eval cells of a curriculum ladder and name the training level"
+    )
+    p.add_argument(
+        "folder",
+        metavar="DIR",
+        type=Path,
+        help="folder of <level>/<group>/eval.json cells (ctxrl eval --out)",
+    )
+    p.set_defaults(run="ctxrl.commands.calibrate:run_calibrate")
+
+
 def _add_evolve(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "evolve", help="overnight skill evolution: notes, proposals, the held-out gate; resumable (--resume)"
@@ -257,6 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(sub)
     _add_sft(sub)
     _add_report(sub)
+    _add_calibrate(sub)
     _add_evolve(sub)
     _add_export(sub)
     return parser

@@ -80,6 +80,24 @@ def test_graded_reward_and_penalised_group(records: SimpleNamespace) -> None:
     assert [c.task for c in credit] == pytest.approx([1, -1], abs=1e-5)
 
 
+def test_an_early_submission_that_misses_a_value_earns_less_than_any_success(
+    records: SimpleNamespace,
+) -> None:
+    """Graded reward with the efficiency channel on: the cheap early submitter (half the values) gets a lower
+    reward and a lower advantage on every token than either success, the costly one included."""
+    step, edit = records.step, records.step([1], [2, 3], edit=[1, 1])
+    eps = [
+        records.episode([step([1], [2]), edit, step([1], [4])], index=0, cost=900.0),  # success, costly
+        records.episode([step([1], [2]), step([1], [4])], index=1, cost=300.0),  # success, cheap
+        records.episode([step([1], [4])], index=2, success=False, score=0.5, cost=100.0),  # early, half right
+    ]
+    credit = assign_credit(eps, CreditConfig(penalties=REFERENCE, graded=True))
+    early = credit[2]
+    assert early.reward < min(c.reward for c in credit[:2])
+    worst_success = min(a for c in credit[:2] for s in c.steps for a in s)
+    assert max(a for s in early.steps for a in s) < worst_success
+
+
 def test_flops_cost_without_flops_is_a_config_error(records: SimpleNamespace) -> None:
     eps = [records.episode([records.step([1], [2])], index=i) for i in range(2)]
     with pytest.raises(ConfigError, match="geometry"):

@@ -13,7 +13,7 @@ import torch
 
 from ctxrl.commands.config import load_run_config
 from ctxrl.config import load_config
-from ctxrl.errors import UsageError
+from ctxrl.errors import ConfigError, UsageError
 from ctxrl.rewards.advantages import AdvantageConfig
 from ctxrl.train.config import TrainConfig
 from ctxrl.train.engines.base import Generation, SamplingConfig
@@ -234,3 +234,65 @@ def test_ctxrl_train_bad_config_is_one_line(
     err = capsys.readouterr().err.strip()
     assert err.startswith("ctxrl train: error: ") and message in err and "\n" not in err
     assert not (tmp_path / "run").exists()  # nothing written before the check
+
+
+class HalfSolvingEngine(TwoStyleEngine):
+    """Every other episode plays the scripted file manager (it solves the `mini` retention rung), the others
+    only talk: every group of two holds one success and one failure. Episodes run in worker threads, one
+    prompt per call, so the style is picked on an episode's first turn (alternating) and read back from its
+    own history after that."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        import threading
+
+        from ctxrl.env.policies import make_policy
+
+        super().__init__(tokenizer)
+        self.solver = make_policy("file-manager")
+        self.lock, self.started = threading.Lock(), 0
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Generation]:
+        out = []
+        for prompt in prompts:
+            seen = self.tokenizer.decode(list(prompt))
+            if seen.count("<|im_start|>assistant") == 1:  # the first turn
+                with self.lock:
+                    talk, self.started = self.started % 2 == 1, self.started + 1
+            else:
+                talk = "let me think" in seen
+            text = "let me think" if talk else self.solver(seen)
+            ids = [*self.tokenizer.encode(text, add_special_tokens=False), int(self.tokenizer.eos_token_id)]
+            out.append(Generation(ids, [-1.0] * len(ids), "stop", 0))
+        return out
+
+
+def test_graded_reward_is_a_warm_up_that_ends_when_groups_hold_successes(
+    tiny_model_dir: Path, tiny_tokenizer: Any, tmp_path: Path
+) -> None:
+    """``graded_until``: step 1 is graded; its group held a success, so step 2 and every later one, after
+    a resume too, use success 1/0. Without it the run stays graded."""
+
+    def go(out: Path, steps: int, resume: bool = False, **fields: Any) -> TrainResult:
+        config = load_config(TrainConfig, {"steps": steps, "lr": 1e-4, "graded": True, **fields})
+        return train(
+            config,
+            model_dir=tiny_model_dir,
+            engine=HalfSolvingEngine(tiny_tokenizer),
+            tokenizer=tiny_tokenizer,
+            tasks=TaskBatches(("retention",), "train", "mini", count=1),
+            rollout_config=RolloutConfig(group_size=2, max_steps=8),
+            advantages=AdvantageConfig(),
+            sampling=SamplingConfig(max_new_tokens=512),
+            out=out,
+            resume=resume,
+        )
+
+    first = go(tmp_path / "a", 2, graded_until=0.5)
+    assert first.metrics[0]["reward/success"] == 0.5  # one of the two episodes solved the task
+    assert [m["train/graded"] for m in first.metrics] == [1.0, 0.0]
+    again = go(tmp_path / "a", 3, resume=True, graded_until=0.5)
+    assert [m["train/graded"] for m in again.metrics] == [0.0]  # the switch survives the resume
+    plain = go(tmp_path / "b", 2)
+    assert [m["train/graded"] for m in plain.metrics] == [1.0, 1.0]
+    with pytest.raises(ConfigError, match=r"graded_until=0\.5 needs graded: true"):
+        load_config(TrainConfig, {"graded_until": 0.5})

@@ -69,6 +69,12 @@ class TrainConfig:
     """Reward penalties on failed episodes (the reference run: no_tool_call 0.3, format_failure 0.2)."""
     graded: bool = False
     """Task reward = the verifier's graded score (fraction right) instead of success 1/0."""
+    graded_until: float | None = None
+    """With ``graded``, the graded score is a warm-up only: after the first step in which at least this
+    fraction of the step's groups held a success (binary reward with variance), the task reward is success
+    1/0 for the rest of the run (resume included). A graded score rewards a policy that submits early with
+    half the values as much as one that read everything and got half; success does not. Null: graded
+    throughout."""
     cost_unit: Literal["tokens", "flops"] = "tokens"
     """What the efficiency channel compares: replayed computed tokens or FLOPs."""
 
@@ -126,6 +132,10 @@ class TrainConfig:
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
             raise ConfigError(
                 f"max_grad_norm must be > 0 (or null to disable clipping), got {self.max_grad_norm}"
+            )
+        if self.graded_until is not None and not (self.graded and 0 < self.graded_until <= 1):
+            raise ConfigError(
+                f"graded_until={self.graded_until} needs graded: true and a fraction of groups in (0, 1]"
             )
         if self.updates_per_rollout < 1:
             raise ConfigError(f"updates_per_rollout must be >= 1, got {self.updates_per_rollout}")

@@ -47,7 +47,7 @@ import random
 import shutil
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -222,6 +222,7 @@ def train(
     sizes = layout_sizes(policy)
     pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
     start = load_checkpoint(out, policy, optimizer, rank) if resume else 0
+    graded = checkpoint_state(out).get("graded", config.graded) if start else config.graded
     if start > 0:
         engine.update_weights(policy)  # the engine was built on the initial weights
     geometry = _geometry(policy)
@@ -255,7 +256,12 @@ def train(
         rollout_s = time.perf_counter() - t0
 
         # ---- 2. credit: shaped rewards -> per-token advantages; drop groups without signal --------------
-        credit = assign_credit(episodes, credit_config)
+        credit = assign_credit(episodes, replace(credit_config, graded=graded))
+        graded_now = graded
+        if graded and config.graded_until is not None:  # the warm-up ends for good once groups have successes
+            solved = torch.tensor(_groups_with_success(episodes), dtype=torch.float64, device=acc.device)
+            solved = acc.reduce(solved, "sum")
+            graded = bool(solved[0] < config.graded_until * solved[1])
 
         # ---- 3. rows: append-only stretches share a row, edits start one ---------------------------------
         rows = [
@@ -331,7 +337,7 @@ def train(
         sync_s = time.perf_counter() - t2
 
         # ---- 6. log -------------------------------------------------------------------------------------
-        metrics = {"step": float(step + 1)}
+        metrics = {"step": float(step + 1), "train/graded": float(graded_now)}
         metrics.update(_episode_metrics(acc, episodes, credit, rows))
         metrics.update(
             LossStats.from_tensor(acc.reduce(stats.as_tensor().to(acc.device), "sum").cpu()).metrics()
@@ -379,7 +385,7 @@ def train(
             "tasks": [t.task_id for t in batch],
         }
         if step + 1 == config.steps or (config.save_every and (step + 1) % config.save_every == 0):
-            save_checkpoint(out, step + 1, policy, optimizer, acc, config)
+            save_checkpoint(out, step + 1, policy, optimizer, acc, config, graded=graded)
             record["params_sha256"] = trainable_sha256(policy)
         with rank_path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
@@ -586,10 +592,20 @@ def _trainable_state(policy: Any) -> dict[str, torch.Tensor]:
     return {n: p.detach().cpu().clone() for n, p in policy.named_parameters() if p.requires_grad}
 
 
-def save_checkpoint(out: Path, step: int, policy: Any, optimizer: Any, acc: Any, config: TrainConfig) -> Path:
+def save_checkpoint(
+    out: Path,
+    step: int,
+    policy: Any,
+    optimizer: Any,
+    acc: Any,
+    config: TrainConfig,
+    *,
+    graded: bool | None = None,
+) -> Path:
     """Write ``out/checkpoints/step-NNNNNN`` atomically (temporary folder, then rename) and point ``latest``
     at it. Holds ``model/`` (``save_pretrained``: the full model, or the adapter with LoRA), the trainable
-    tensors and optimiser state for exact resume, every rank's RNG states, the step and the run config."""
+    tensors and optimiser state for exact resume, every rank's RNG states, the step, whether the next step's
+    task reward is graded (:attr:`TrainConfig.graded_until`) and the run config."""
     root = out / CHECKPOINTS
     final = root / f"step-{step:06d}"
     tmp = root / f".step-{step:06d}.tmp"
@@ -600,7 +616,15 @@ def save_checkpoint(out: Path, step: int, policy: Any, optimizer: Any, acc: Any,
         torch.save(_trainable_state(policy), tmp / "trainable.pt")
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         (tmp / "state.json").write_text(
-            json.dumps({"step": step, "config": asdict(config)}, indent=1, default=str)
+            json.dumps(
+                {
+                    "step": step,
+                    "graded": config.graded if graded is None else graded,
+                    "config": asdict(config),
+                },
+                indent=1,
+                default=str,
+            )
         )
     acc.wait_for_everyone()
     torch.save(_rng_state(), tmp / f"rng-{acc.process_index}.pt")
@@ -613,6 +637,25 @@ def save_checkpoint(out: Path, step: int, policy: Any, optimizer: Any, acc: Any,
         os.replace(pointer, root / LATEST)
     acc.wait_for_everyone()
     return final
+
+
+def checkpoint_state(out: Path) -> dict[str, Any]:
+    """The ``state.json`` of the latest checkpoint under ``out`` (``{}`` when there is none)."""
+    root = out / CHECKPOINTS
+    if not (root / LATEST).exists():
+        return {}
+    state: dict[str, Any] = json.loads(
+        (root / (root / LATEST).read_text().strip() / "state.json").read_text()
+    )
+    return state
+
+
+def _groups_with_success(episodes: Sequence[EpisodeRecord]) -> tuple[int, int]:
+    """``(groups holding a success, groups)`` of a step's episodes."""
+    groups: dict[int, bool] = {}
+    for ep in episodes:
+        groups[ep.group] = groups.get(ep.group, False) or ep.success
+    return sum(groups.values()), len(groups)
 
 
 def load_checkpoint(out: Path, policy: Any, optimizer: Any, rank: int) -> int:
