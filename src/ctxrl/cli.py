@@ -214,6 +214,18 @@ def _add_calibrate(sub: argparse._SubParsersAction[Any]) -> None:
     p.set_defaults(run="ctxrl.commands.calibrate:run_calibrate")
 
 
+def _add_compare(sub: argparse._SubParsersAction[Any]) -> None:
+    p = sub.add_parser(
+        "compare",
+        help="paired comparison of evaluated policies on the same tasks (success, compute per success)",
+    )
+    p.add_argument("start", type=Path, help="eval folder of the starting policy (ctxrl eval --out)")
+    p.add_argument("trained", type=Path, help="eval folder of the trained policy, same tasks")
+    p.add_argument("ablation", type=Path, nargs="?", default=None, help="eval folder of the ablation arm")
+    p.add_argument("--out", type=Path, default=None, help="write the summary JSON here")
+    p.set_defaults(run="ctxrl.commands.compare:run_compare")
+
+
 def _add_evolve(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "evolve", help="overnight skill evolution: notes, proposals, the held-out gate; resumable (--resume)"
@@ -271,6 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sft(sub)
     _add_report(sub)
     _add_calibrate(sub)
+    _add_compare(sub)
     _add_evolve(sub)
     _add_export(sub)
     return parser

@@ -1,0 +1,134 @@
+"""Paired comparison of policies evaluated on the same held-out tasks: the learning benchmark's final table.
+
+    ctxrl compare runs/ladder/eval_sft runs/ladder/eval_grpo runs/ladder/eval_grpo_w0 --out summary.json
+
+Each argument is a ``ctxrl eval --out`` folder (its ``eval.json``) of one policy in one mode on the same tasks
+and seeds: the first is the start (the SFT policy), the second the trained policy (GRPO, default ``w_eff``),
+the third the ablation arm (GRPO, ``w_eff = 0``). Episodes are paired by task id.
+
+- **Success difference** (trained − start): the mean of the per-task differences with a 95 % normal interval
+  (``success_diff_ci_low`` / ``_high``), and the two-sided exact McNemar p-value on the discordant tasks
+  (``success_diff_p``): the binomial test of "as many tasks gained as lost".
+- **Compute per success** (GFLOP): all of a policy's compute over its successes (None when it solved none),
+  with a 95 % paired bootstrap interval over tasks (2,000 resamples, seeded) and the trained/start ratio
+  with its interval from the same resamples.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ctxrl.errors import UsageError
+
+RESAMPLES = 2000
+SEED = 0
+
+
+@dataclass(frozen=True)
+class Outcomes:
+    """One policy's held-out episodes, by task id: success and compute (FLOPs)."""
+
+    label: str
+    level: str
+    success: dict[str, bool]
+    flops: dict[str, float]
+
+
+def load_outcomes(folder: str | Path) -> Outcomes:
+    """The episodes of ``folder``'s ``eval.json`` (one policy or mode row; a UsageError otherwise)."""
+    path = Path(folder) / "eval.json"
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        rows: dict[str, list[dict[str, Any]]] = record["episodes"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"{path}: not the eval.json of `ctxrl eval --out` ({exc})") from None
+    if len(rows) != 1:
+        raise UsageError(f"{path} holds {len(rows)} rows ({', '.join(rows)}); evaluate one mode per folder")
+    ((label, episodes),) = rows.items()
+    return Outcomes(
+        label=label,
+        level=str(record.get("config", {}).get("difficulty", "")),
+        success={e["task_id"]: bool(e["success"]) for e in episodes},
+        flops={e["task_id"]: float(e["cost_flops"]) for e in episodes},
+    )
+
+
+def per_success(outcomes: Outcomes, tasks: list[str]) -> float | None:
+    """GFLOP per success over ``tasks``: their compute over their successes; None with no success."""
+    wins = sum(outcomes.success[t] for t in tasks)
+    return sum(outcomes.flops[t] for t in tasks) / wins / 1e9 if wins else None
+
+
+def mcnemar_p(gained: int, lost: int) -> float:
+    """Two-sided exact McNemar p-value: ``P(|X - n/2| >= |gained - n/2|)`` for X ~ Binomial(n, 1/2)."""
+    n = gained + lost
+    if n == 0:
+        return 1.0
+    k = min(gained, lost)
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+def _interval(values: list[float]) -> tuple[float, float] | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[int(0.025 * (len(values) - 1))], values[int(0.975 * (len(values) - 1))]
+
+
+def compare(start: Outcomes, trained: Outcomes, ablation: Outcomes | None = None) -> dict[str, Any]:
+    """The summary (see the module docstring) of ``trained`` (and ``ablation``) against ``start``."""
+    arms = [start, trained, *([ablation] if ablation else [])]
+    tasks = sorted(start.success)
+    for arm in arms[1:]:
+        if sorted(arm.success) != tasks:
+            raise UsageError(
+                f"{arm.label} was evaluated on other tasks than {start.label} "
+                f"({len(arm.success)} vs {len(tasks)}); evaluate every policy on the same tasks and seeds"
+            )
+    n = len(tasks)
+    diffs = [int(trained.success[t]) - int(start.success[t]) for t in tasks]
+    mean = sum(diffs) / n
+    se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1) / n) if n > 1 else 0.0
+    keys = ("sft", "grpo", "grpo_w0")[: len(arms)]  # the arms by position: their labels (modes) may repeat
+    rng = random.Random(SEED)
+    boot: dict[str, list[float]] = {k: [] for k in keys}
+    ratio: list[float] = []
+    for _ in range(RESAMPLES):
+        sample = [tasks[rng.randrange(n)] for _ in range(n)]
+        costs = {k: per_success(a, sample) for k, a in zip(keys, arms, strict=True)}
+        for k, c in costs.items():
+            if c is not None:
+                boot[k].append(c)
+        base, new = costs["sft"], costs["grpo"]
+        if base is not None and new is not None:
+            ratio.append(new / base)
+    summary: dict[str, Any] = {
+        "level": start.level,
+        "heldout_tasks": n,
+        "sft_success": sum(start.success.values()) / n,
+        "grpo_success": sum(trained.success.values()) / n,
+        "grpo_w0_success": sum(ablation.success.values()) / n if ablation else None,
+        "sft_cost_per_success": per_success(start, tasks),
+        "grpo_cost_per_success": per_success(trained, tasks),
+        "grpo_w0_cost_per_success": per_success(ablation, tasks) if ablation else None,
+        "success_diff": mean,
+        "success_diff_ci_low": mean - 1.96 * se,
+        "success_diff_ci_high": mean + 1.96 * se,
+        "success_diff_p": mcnemar_p(diffs.count(1), diffs.count(-1)),
+        "cost_per_success_ci": {k: _interval(boot[k]) for k in keys},
+        "grpo_over_sft_cost_per_success": None,
+        "grpo_over_sft_cost_per_success_ci": _interval(ratio),
+        "unit": "GFLOP",
+        "resamples": RESAMPLES,
+    }
+    if summary["sft_cost_per_success"] and summary["grpo_cost_per_success"] is not None:
+        summary["grpo_over_sft_cost_per_success"] = (
+            summary["grpo_cost_per_success"] / summary["sft_cost_per_success"]
+        )
+    return summary

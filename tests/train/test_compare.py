@@ -1,0 +1,88 @@
+"""The paired comparison of evaluated policies: success difference with its interval and exact McNemar
+p-value, compute per success with paired bootstrap intervals, and refusals of unpaired or malformed input."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from ctxrl.cli import main
+from ctxrl.errors import UsageError
+from ctxrl.train.compare import compare, load_outcomes, mcnemar_p
+
+
+def _eval(folder: Path, label: str, wins: list[bool], flops: list[float], level: str = "small") -> Path:
+    """An eval folder as ``ctxrl eval --out`` writes it, one row of episodes on tasks t0, t1, ..."""
+    folder.mkdir(parents=True)
+    episodes = [
+        {"task_id": f"retention:{level}:{i}", "success": w, "cost_flops": f}
+        for i, (w, f) in enumerate(zip(wins, flops, strict=True))
+    ]
+    record = {"config": {"difficulty": level}, "summary": {}, "episodes": {label: episodes}}
+    (folder / "eval.json").write_text(json.dumps(record))
+    return folder
+
+
+def test_mcnemar_is_the_exact_two_sided_binomial() -> None:
+    assert mcnemar_p(0, 0) == 1.0
+    assert mcnemar_p(5, 5) == 1.0
+    assert mcnemar_p(6, 0) == pytest.approx(2 / 64)  # all six discordant tasks one way
+    assert mcnemar_p(1, 7) == pytest.approx(2 * (1 + 8) / 256)
+
+
+def test_a_trained_policy_that_solves_more_for_less(tmp_path: Path) -> None:
+    n = 40
+    start = [i < 12 for i in range(n)]  # 30 %
+    trained = [i < 12 or 12 <= i < 24 for i in range(n)]  # 60 %: 12 tasks gained, none lost
+    w0 = [i < 20 for i in range(n)]
+    s = load_outcomes(_eval(tmp_path / "s", "file", start, [4e11] * n))
+    t = load_outcomes(_eval(tmp_path / "t", "file", trained, [2e11] * n))
+    a = load_outcomes(_eval(tmp_path / "a", "file", w0, [4e11] * n))
+    out = compare(s, t, a)
+    assert out["level"] == "small" and out["heldout_tasks"] == n
+    assert (out["sft_success"], out["grpo_success"], out["grpo_w0_success"]) == (0.3, 0.6, 0.5)
+    # compute per success: 40 x 400 GFLOP / 12, 40 x 200 / 24, 40 x 400 / 20
+    assert out["sft_cost_per_success"] == pytest.approx(16000 / 12)
+    assert out["grpo_cost_per_success"] == pytest.approx(8000 / 24)
+    assert out["grpo_w0_cost_per_success"] == pytest.approx(800.0)
+    assert out["grpo_over_sft_cost_per_success"] == pytest.approx(0.25)
+    diff_se = math.sqrt(0.3 * 0.7 / n)  # 12 of 40 differences are +1, the rest 0 (sample variance, n - 1)
+    assert out["success_diff"] == pytest.approx(0.3)
+    assert out["success_diff_ci_low"] == pytest.approx(0.3 - 1.96 * diff_se * math.sqrt(n / (n - 1)))
+    assert out["success_diff_p"] == pytest.approx(2 / 2**12)
+    low, high = out["grpo_over_sft_cost_per_success_ci"]
+    assert low < 0.25 < high < 1.0  # every resample is cheaper per success
+    assert (
+        out["cost_per_success_ci"]["sft"][0]
+        < out["sft_cost_per_success"]
+        < out["cost_per_success_ci"]["sft"][1]
+    )
+
+
+def test_nothing_solved_is_undefined_not_zero(tmp_path: Path) -> None:
+    s = load_outcomes(_eval(tmp_path / "s", "file", [False] * 8, [1e11] * 8))
+    t = load_outcomes(_eval(tmp_path / "t", "file", [True, False] * 4, [1e11] * 8))
+    out = compare(s, t)
+    assert out["sft_cost_per_success"] is None and out["grpo_over_sft_cost_per_success"] is None
+    assert out["grpo_w0_success"] is None and out["grpo_cost_per_success"] == pytest.approx(200.0)
+
+
+def test_unpaired_or_malformed_input_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    s = load_outcomes(_eval(tmp_path / "s", "file", [True] * 4, [1e11] * 4))
+    other = load_outcomes(_eval(tmp_path / "o", "file", [True] * 5, [1e11] * 5))
+    with pytest.raises(UsageError, match="evaluated on other tasks"):
+        compare(s, other)
+    two = tmp_path / "two"
+    two.mkdir()
+    (two / "eval.json").write_text(json.dumps({"episodes": {"file": [], "tools": []}}))
+    with pytest.raises(UsageError, match="holds 2 rows"):
+        load_outcomes(two)
+    assert main(["compare", str(tmp_path / "s"), str(tmp_path / "missing")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not the eval.json" in err[0]
+    out = tmp_path / "summary.json"
+    assert main(["compare", str(tmp_path / "s"), str(tmp_path / "s"), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["success_diff"] == 0.0
