@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-MODULES = ["ctxrl.train.rows", "ctxrl.train.loss"]
+MODULES = ["ctxrl.train.rows", "ctxrl.train.loss", "ctxrl.train.sft"]
 
 
 @pytest.mark.parametrize("name", MODULES)
