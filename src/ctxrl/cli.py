@@ -33,6 +33,7 @@ BENCHMARKS: dict[str, str] = {
     "env": "episodes per second of the rollout loop with the scripted policies",
     "rollout": "rollout throughput of the vllm and hf engines on multi-turn episodes past 4k tokens",
     "train": "training cost: packed rows vs one row per step, and one update vs TRL's GRPOTrainer",
+    "fuzz": "hostile model outputs through whole steps of every mode and family: crashes, stalls, broken invariants",
 }
 
 
@@ -114,6 +115,9 @@ def _add_bench(sub: argparse._SubParsersAction[Any]) -> None:
         b = bsub.add_parser(name, help=help_text)
         b.add_argument("--json", type=Path, default=None, help="write {metric: number} JSON to this file")
         b.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run, noisier figures)")
+        if name == "fuzz":
+            b.add_argument("--seconds", type=float, default=60.0, help="how long to fuzz (default 60)")
+            b.add_argument("--seed", type=int, default=0, help="seed of the episodes (default 0)")
         b.set_defaults(run="ctxrl.commands.bench:run_bench")
     a = bsub.add_parser(
         "all", help="every benchmark: one JSON (with the date and machine), one Markdown table"

@@ -60,6 +60,12 @@ on a loaded 2-core machine.
 steps of ``QUICK_NEW_TOKENS`` tokens and an 8k harness budget (contexts stay near 1.3k tokens, so the
 4k-context check is skipped); its figures say the engines work, not how fast they are at length. The run
 time is then the engines' start-up (vLLM: ~30-60 s here), twice.
+
+**fuzz**: hostile model outputs through whole :meth:`~ctxrl.env.episode.TaskEpisode.step` calls of every
+mode × family on the real sandbox, for ``--seconds`` (default 60; :mod:`ctxrl.env.fuzz` has the grammar and
+the checks). Metrics: ``steps``, ``episodes``, ``crashes`` (an exception out of a step), ``stalls`` (a step
+whose harness time, its sandbox commands excluded, passed 2 s), ``invariant_breaks``, ``max_harness_s``; the
+first failures are printed to stderr with their seed and episode. ``--quick``: one episode per mode.
 """
 
 from __future__ import annotations
@@ -250,6 +256,27 @@ def bench_env(args: argparse.Namespace) -> dict[str, float]:
     }
 
 
+def bench_fuzz(args: argparse.Namespace) -> dict[str, float]:
+    """``ctxrl bench fuzz``: hostile outputs through whole steps (:mod:`ctxrl.env.fuzz`) for ``--seconds``
+    (``--quick``: one episode per mode of one family); the first failures go to stderr."""
+    from ctxrl.env.fuzz import fuzz
+    from ctxrl.env.modes import MODES
+    from ctxrl.env.tokenizer import load_tokenizer
+
+    seconds = float(getattr(args, "seconds", 60.0))
+    if not seconds > 0:
+        raise UsageError(f"--seconds must be > 0, not {seconds}")
+    tokenizer = load_tokenizer(None)
+    start = time.perf_counter()
+    if args.quick:
+        report = fuzz(tokenizer, episodes=len(MODES), seed=getattr(args, "seed", 0), families=("retention",))
+    else:
+        report = fuzz(tokenizer, seconds=seconds, seed=getattr(args, "seed", 0))
+    for example in report.examples:
+        print(json.dumps(example), file=sys.stderr)
+    return {**report.metrics(), "seconds": time.perf_counter() - start}
+
+
 NEW_TOKENS = 128
 STEPS = 18
 MIN_CONTEXT = 4096
@@ -391,6 +418,7 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], dict[str, float]]] = {
     "env": bench_env,
     "rollout": bench_rollout,
     "train": bench_train,
+    "fuzz": bench_fuzz,
 }
 
 

@@ -55,7 +55,7 @@ from typing import Any
 from ctxrl.env.actions import FORMAT_ERROR_TOOL, parse_tool_calls
 from ctxrl.env.budget import Means
 from ctxrl.env.config import HarnessConfig
-from ctxrl.env.context import ChatTemplateCounter, ToolCall, canonical_json
+from ctxrl.env.context import ChatTemplateCounter, ToolCall, canonical_json, valid_text
 from ctxrl.env.harness import Action, Harness, StepResult
 from ctxrl.env.modes import make_mode, mode_spec
 from ctxrl.env.modes.base import CallOutcome, Episode, Mode, StepNotes
@@ -233,7 +233,9 @@ class PromptBuilder:
 
     def encode_text(self, text: str) -> list[int]:
         """Token ids of plain ``text``: a special-token spelling in it is split into ordinary tokens, as a
-        model writing those characters would produce them (markup tokens such as ``<tool_call>`` stay)."""
+        model writing those characters would produce them (markup tokens such as ``<tool_call>`` stay). A lone
+        surrogate, which no tokenizer takes and no model emits, is encoded as U+FFFD."""
+        text = valid_text(text)
         if self._backend is None:
             return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
         if self._split_backend is None:  # two threads may both build one: harmless, they are equal

@@ -15,7 +15,8 @@ marker that says how many bytes), memory (``RLIMIT_AS`` per process, and a size-
 be parked there), process count (``RLIMIT_NPROC``) and workspace disk (``disk_mb``: no file may grow past it,
 ``RLIMIT_FSIZE``; and while a command runs, the host filesystem's free space is watched, so once the command
 has written more than the quota has room for, the workspace is measured and the command killed if it is over).
-A command that is not valid text (a null byte, a lone surrogate) is refused with exit code 126; ``run`` raises
+A command that is not valid text (a null byte, a lone surrogate) or longer than one program argument may be
+(:data:`MAX_COMMAND_BYTES`) is refused with exit code 126; ``run`` raises
 for nothing the command holds or does. No process of a command is left behind, zombies included: bubblewrap's
 namespace init is reaped too when this process is its reaper (pid 1 or a subreaper).
 ``RLIMIT_NPROC`` is ignored for host root, so when the harness runs as root the command runs as the
@@ -42,6 +43,7 @@ import signal
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -137,6 +139,19 @@ class SandboxConfig:
             raise ValueError(f"sandbox.disk_mb must be >= 1, not {self.disk_mb}")
         if self.tmp_mb < 1:
             raise ValueError(f"sandbox.tmp_mb must be >= 1, not {self.tmp_mb}")
+
+
+MAX_COMMAND_BYTES = 128 * 1024 - 1
+"""The longest command ``run`` takes, in UTF-8 bytes: Linux refuses a single program argument of 128 KiB
+(``MAX_ARG_STRLEN``) with E2BIG, and the command is one argument of bash. A longer one is refused."""
+
+_COMMAND_TIME = threading.local()
+
+
+def command_seconds() -> float:
+    """Seconds this thread has spent in :meth:`Sandbox.run` so far: what a step's wall time minus this is
+    the harness's own time (``ctxrl bench fuzz`` counts a stall from it)."""
+    return float(getattr(_COMMAND_TIME, "seconds", 0.0))
 
 
 @dataclass(frozen=True)
@@ -345,8 +360,15 @@ class Sandbox:
         A command with a null byte or a lone surrogate cannot be passed to a program: it is refused with exit
         code :data:`REFUSED_EXIT` and a one-line reason. When ``run`` returns, every process the command
         started has ended and been reaped (namespaced backends; with backend ``none`` only those still in its
-        process group).
+        process group). The time it took counts into this thread's :func:`command_seconds`.
         """
+        start = time.perf_counter()
+        try:
+            return self._run(command, timeout_s)
+        finally:
+            _COMMAND_TIME.seconds = command_seconds() + time.perf_counter() - start
+
+    def _run(self, command: str, timeout_s: float | None) -> CommandResult:
         start = time.perf_counter()
         problem = _command_problem(command)
         if problem is not None:
@@ -592,9 +614,14 @@ def _command_problem(command: str) -> str | None:
     if "\0" in command:
         return "the command contains a null byte (\\0), which no program argument can hold"
     try:
-        command.encode("utf-8")
+        size = len(command.encode("utf-8"))
     except UnicodeEncodeError as exc:
         return f"the command is not valid text (a lone surrogate at character {exc.start})"
+    if size > MAX_COMMAND_BYTES:
+        return (
+            f"the command is {size:,} bytes, over the {MAX_COMMAND_BYTES:,}-byte limit of one program argument; "
+            "write long content to a file in several commands"
+        )
     return None
 
 
