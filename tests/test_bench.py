@@ -110,9 +110,13 @@ def test_bench_all_quick_runs_every_bench_into_one_json_table_and_readme(tmp_pat
     machine = report["machine"]
     assert machine["cores"] == os.cpu_count() and machine["memory_gib"] > 0 and machine["cpu"]
     assert "torch" in machine["versions"] and "transformers" in machine["versions"]
-    fuzz = report["benchmarks"].pop("fuzz")
-    assert fuzz["steps"] > 0 and (fuzz["crashes"], fuzz["stalls"], fuzz["invariant_breaks"]) == (0, 0, 0), fuzz
-    for metrics in report["benchmarks"].values():
+    fuzz = report["benchmarks"]["fuzz"]
+    assert fuzz["steps"] > 0 and (fuzz["crashes"], fuzz["stalls"], fuzz["invariant_breaks"]) == (0, 0, 0), (
+        fuzz
+    )
+    for name, metrics in report["benchmarks"].items():
+        if name == "fuzz":
+            continue  # its failure counts are 0 when all is well
         assert all(isinstance(v, float) and math.isfinite(v) and v > 0 for v in metrics.values()), metrics
     rollout = report["benchmarks"]["rollout"]
     libraries = preload.find_libraries()
