@@ -10,8 +10,8 @@ become the table's rows ``<group>/<row>`` (``scripted/append``, ``zeroshot/file`
 
 **The rule** (:func:`choose`): the training level and mode are those of the ``sft/<mode>`` row whose held-out
 success lies in [25 %, 75 %] — closest to 50 %, the higher rung on a tie. Above 75 % there is little left for
-RL to show; below 25 % groups rarely hold a success. No row in the band: no level is named, and the table
-says on which side each row missed.
+RL to show; below 25 % groups rarely hold a success. No row in the band: no level is named (the table shows
+each row's success, so which side it missed on).
 """
 
 from __future__ import annotations

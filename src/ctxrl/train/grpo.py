@@ -221,8 +221,8 @@ def train(
     shared_ok = world == 1  # a shared prefix backs up twice per unit, which DDP's reducer refuses
     sizes = layout_sizes(policy)
     pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
-    start = load_checkpoint(out, policy, optimizer, rank) if resume else 0
-    graded = checkpoint_state(out).get("graded", config.graded) if start else config.graded
+    state = load_checkpoint(out, policy, optimizer, rank) if resume else {}
+    start, graded = int(state.get("step", 0)), bool(state.get("graded", config.graded))
     if start > 0:
         engine.update_weights(policy)  # the engine was built on the initial weights
     geometry = _geometry(policy)
@@ -639,17 +639,6 @@ def save_checkpoint(
     return final
 
 
-def checkpoint_state(out: Path) -> dict[str, Any]:
-    """The ``state.json`` of the latest checkpoint under ``out`` (``{}`` when there is none)."""
-    root = out / CHECKPOINTS
-    if not (root / LATEST).exists():
-        return {}
-    state: dict[str, Any] = json.loads(
-        (root / (root / LATEST).read_text().strip() / "state.json").read_text()
-    )
-    return state
-
-
 def _groups_with_success(episodes: Sequence[EpisodeRecord]) -> tuple[int, int]:
     """``(groups holding a success, groups)`` of a step's episodes."""
     groups: dict[int, bool] = {}
@@ -658,9 +647,10 @@ def _groups_with_success(episodes: Sequence[EpisodeRecord]) -> tuple[int, int]:
     return sum(groups.values()), len(groups)
 
 
-def load_checkpoint(out: Path, policy: Any, optimizer: Any, rank: int) -> int:
+def load_checkpoint(out: Path, policy: Any, optimizer: Any, rank: int) -> dict[str, Any]:
     """Restore the latest checkpoint under ``out`` into ``policy`` and ``optimizer`` and this rank's RNG;
-    returns the number of steps already done. Raises :class:`UsageError` when there is none."""
+    returns its ``state.json`` (``step``: the steps already done; ``graded``: whether the next step's task
+    reward is graded). Raises :class:`UsageError` when there is none."""
     root = out / CHECKPOINTS
     if not (root / LATEST).exists():
         raise UsageError(f"nothing to resume: {root / LATEST} does not exist (start without resume)")
@@ -677,4 +667,5 @@ def load_checkpoint(out: Path, policy: Any, optimizer: Any, rank: int) -> int:
     rng = ckpt / f"rng-{rank}.pt"
     if rng.exists():
         _set_rng_state(torch.load(rng, weights_only=False))
-    return int(json.loads((ckpt / "state.json").read_text())["step"])
+    state: dict[str, Any] = json.loads((ckpt / "state.json").read_text())
+    return state
