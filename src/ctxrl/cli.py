@@ -10,6 +10,7 @@
     ctxrl bench NAME [--json FILE]
     ctxrl evolve --config configs/evolve_tiny.yaml [KEY=VALUE ...] --out runs/evolve [--resume] [--optimizer gepa]
     ctxrl export --run runs/X [--step N] --out DIR [--adapter-only]
+    ctxrl export --adapter runs/sft/adapter [--base MODEL] --out DIR
 
 This module parses and dispatches; every subcommand's implementation lives in :mod:`ctxrl.commands`.
 Start-up must stay instant: this module imports only the standard library. Each subcommand names the
@@ -260,9 +261,16 @@ def _add_export(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "export", help="export a run's checkpoint as a serving-ready model folder, verified in vLLM"
     )
-    p.add_argument(
-        "--run", dest="run_dir", required=True, type=Path, help="run folder with checkpoints/ (from training)"
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--run", dest="run_dir", type=Path, help="run folder with checkpoints/ (from training)"
     )
+    source.add_argument(
+        "--adapter",
+        type=Path,
+        help="a saved LoRA adapter folder (ctxrl sft's OUT/adapter): merge it into its base, no vLLM check",
+    )
+    p.add_argument("--base", default=None, help="with --adapter: the base model (default: the adapter's own)")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     p.add_argument("--out", required=True, type=Path, help="export folder (must be new or empty)")
     p.add_argument(

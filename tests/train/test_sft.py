@@ -368,3 +368,46 @@ def test_sft_steps_cover_every_example_once_per_epoch() -> None:
     assert sorted(i for s in steps for i in s) == sorted(list(range(6)) * 2)
     assert all(sum(len(ex[i].input_ids) for i in s) <= 64 for s in steps)
     assert len(sft_steps(ex, SFTConfig(max_seq_len=64, batch_tokens=64, max_steps=7))) == 7
+
+
+def test_lora_sft_saves_a_bf16_adapter_that_merges_into_the_saved_model_exactly(
+    records: SimpleNamespace, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``<out>/adapter`` is the stage output a later session commits and merges again (``ctxrl export
+    --adapter``): bf16 weights, the base as it was given, and a merge equal to ``<out>/model`` bit for bit."""
+    import torch
+    from safetensors.torch import load_file
+
+    save_trajectories(_copy_task(records, 12), tmp_path / "a.jsonl")
+    out = tmp_path / "sft"
+    sets = ["sft.lr=1e-2", "sft.max_steps=3", "sft.max_seq_len=64", "sft.batch_tokens=256"]
+    lora = ["sft.lora.enabled=true", "sft.lora.r=4"]
+    args = ["sft", "--demos", str(tmp_path / "a.jsonl"), "--out", str(out), "--model", str(tiny_model_dir)]
+    assert _main(*args, *sets, *lora) == 0
+    adapter = out / "adapter"
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(tiny_model_dir) and config["r"] == 4
+    weights = load_file(str(adapter / "adapter_model.safetensors"))
+    assert weights and all(t.dtype == torch.bfloat16 for t in weights.values())
+    assert any(t.abs().max() > 0 for name, t in weights.items() if "lora_B" in name)  # it trained
+
+    merged = tmp_path / "merged"
+    assert _main("export", "--adapter", str(adapter), "--out", str(merged)) == 0
+    saved, again = (
+        load_file(str(out / "model" / "model.safetensors")),
+        load_file(str(merged / "model.safetensors")),
+    )
+    assert saved.keys() == again.keys()
+    assert all(torch.equal(saved[k], again[k]) for k in saved)
+    assert (merged / "tokenizer.json").is_file()
+
+    capsys.readouterr()
+    assert _main("export", "--adapter", str(out / "model"), "--out", str(tmp_path / "m2")) == 1
+    assert _main("export", "--adapter", str(adapter), "--out", str(merged)) == 1  # not empty
+    assert _main("export", "--run", str(out), "--base", "x", "--out", str(tmp_path / "m3")) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and "adapter_config.json is missing" in err[0] and "not empty" in err[1]
+    assert "--base goes with --adapter" in err[2] and not any("Traceback" in e for e in err)
+    # without LoRA there is no adapter to keep
+    assert _main(*args, "--overwrite", *sets) == 0
+    assert not (out / "adapter").exists()

@@ -3,6 +3,7 @@
     ctxrl export --run runs/grpo1 --out exports/grpo1              # latest checkpoint, LoRA merged
     ctxrl export --run runs/grpo1 --step 20 --out exports/grpo1-20
     ctxrl export --run runs/grpo1 --out exports/grpo1-lora --adapter-only
+    ctxrl export --adapter docs/results/learning/sft/adapter --out runs/ladder/sft/model   # merge, no check
 
 What the folder holds and how it is checked: :mod:`ctxrl.train.export`. ``--out`` must be new or empty (there
 is no ``--overwrite``: an export is never replaced in place). A missing run, step or base model is a one-line
@@ -19,6 +20,18 @@ def run_export(args: argparse.Namespace) -> int:
     from ctxrl.errors import UsageError
     from ctxrl.train.export import export_run, rollout_command, serve_command
 
+    if args.adapter is not None:
+        from ctxrl.train.export import merge_adapter
+
+        if args.step is not None or args.adapter_only:
+            raise UsageError("--step and --adapter-only go with --run, not --adapter")
+        merge_adapter(args.adapter, args.out, base=args.base)
+        print(
+            f"wrote {args.out}: {args.adapter} merged into its base ({args.base or 'as the adapter names it'})"
+        )
+        return 0
+    if args.base is not None:
+        raise UsageError("--base goes with --adapter (a run's checkpoints name their own base)")
     if args.step is not None and args.step < 1:
         raise UsageError(f"--step must be >= 1, not {args.step}")
     print(f"exporting {args.run_dir} (step {args.step or 'latest'}) to {args.out} ...", flush=True)

@@ -110,6 +110,8 @@ def sft_command(
         f"({stats.truncated_loss_tokens} cut off by sft.max_seq_len={sft.max_seq_len})"
     )
     result = train_sft(sft, base, examples, out, heldout=heldout)
+    if config.model is not None and (out / "adapter").is_dir():
+        name_adapter_base(out / "adapter", config.model)
     shutil.rmtree(out / "trainer", ignore_errors=True)  # the trainer's scratch folder; nothing is kept there
     write_text(out / "metrics.jsonl", "".join(json.dumps(entry) + "\n" for entry in result.log))
     summary = {
@@ -123,6 +125,15 @@ def sft_command(
     write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     _print_summary(summary)
     return summary
+
+
+def name_adapter_base(adapter: Path, model: str) -> None:
+    """Record ``model`` as it was given (a registry name or the path passed) as the adapter's base, not the
+    resolved folder: a committed adapter must not carry a path of the machine that trained it."""
+    path = adapter / "adapter_config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["base_model_name_or_path"] = model
+    write_text(path, json.dumps(config, indent=2) + "\n")
 
 
 def split_heldout(episodes: list[EpisodeRecord], n: int) -> tuple[list[EpisodeRecord], list[EpisodeRecord]]:

@@ -407,6 +407,39 @@ def _metadata(result: ExportResult) -> dict[str, Any]:
     }
 
 
+def merge_adapter(adapter: Path, out: Path, *, base: str | Path | None = None) -> Path:
+    """Merge a saved LoRA adapter into its base model and save the full model and the base's tokenizer to
+    ``out`` (new or empty): how a stage output committed as an adapter (``ctxrl sft``'s ``<out>/adapter``, a
+    checkpoint's ``model/``) becomes a model folder again in a later session. ``base``: the model folder or
+    registry name; by default the adapter's own ``base_model_name_or_path``. The merge is deterministic: an
+    adapter that ``ctxrl sft`` saved merges into the very weights of the ``<out>/model`` it saved beside it.
+
+    Raises :class:`UsageError` for a folder without ``adapter_config.json`` or a non-empty ``out``, and
+    :class:`ModelLoadError` when the base cannot be found or loaded.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    adapter, out = Path(adapter), Path(out)
+    if not (adapter / ADAPTER_CONFIG).is_file():
+        raise UsageError(f"{adapter} holds no LoRA adapter ({ADAPTER_CONFIG} is missing)")
+    _check_out(out)
+    named = base if base is not None else _json(adapter / ADAPTER_CONFIG).get("base_model_name_or_path")
+    base_dir = _base_model(adapter, [str(named) if named else None])
+    try:
+        model: Any = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ModelLoadError(f"cannot merge {adapter} into {base_dir}: {exc}") from None
+    model.config._name_or_path = ""
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    _load_tokenizer(base_dir).save_pretrained(out)
+    return out
+
+
 # ---- what to run next -------------------------------------------------------------------------------------
 
 
