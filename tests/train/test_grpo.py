@@ -296,3 +296,43 @@ def test_graded_reward_is_a_warm_up_that_ends_when_groups_hold_successes(
     assert [m["train/graded"] for m in plain.metrics] == [1.0, 1.0]
     with pytest.raises(ConfigError, match=r"graded_until=0\.5 needs graded: true"):
         load_config(TrainConfig, {"graded_until": 0.5})
+
+
+def test_a_kept_lora_run_resumes_from_its_bf16_adapter_with_fresh_moments(
+    tiny_model_dir: Path, tiny_tokenizer: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ctxrl.train.keep``: the committed slim copy of a run (no trainable.pt, no optimizer.pt, the adapter
+    in bf16) brought back into a new folder resumes at its step with the bf16 adapter's weights, and says that
+    AdamW starts afresh."""
+    from safetensors.torch import load_file
+
+    from ctxrl.train.keep import main as keep_main
+
+    lora = {"lora": {"enabled": True, "r": 4}}
+    first = TwoStyleEngine(tiny_tokenizer)
+    run(tiny_model_dir, tmp_path / "a", first, tiny_tokenizer, max_steps=2, steps=1, **lora)
+    assert keep_main([str(tmp_path / "a"), str(tmp_path / "kept")]) == 0
+    kept = tmp_path / "kept" / "checkpoints" / "step-000001"
+    assert (tmp_path / "kept" / "checkpoints" / "latest").read_text() == "step-000001"
+    assert {p.name for p in kept.iterdir()} == {"model", "state.json", "rng-0.pt"}
+    adapter = load_file(str(kept / "model" / "adapter_model.safetensors"))
+    assert adapter and all(t.dtype == torch.bfloat16 for t in adapter.values())
+    assert keep_main(["--restore", str(tmp_path / "kept"), str(tmp_path / "b")]) == 0
+    assert keep_main(["--restore", str(tmp_path / "kept"), str(tmp_path / "b")]) == 1  # never over a run
+    capsys.readouterr()
+
+    engine = TwoStyleEngine(tiny_tokenizer)
+    resumed = run(
+        tiny_model_dir, tmp_path / "b", engine, tiny_tokenizer, max_steps=2, steps=2, resume=True, **lora
+    )
+    assert (resumed.first_step, len(resumed.metrics)) == (1, 1)
+    assert "AdamW's moments start at zero" in capsys.readouterr().out
+    # the engine first got the checkpoint's weights: step 1's adapter, rounded to bf16
+    lora_keys = [k for k in first.synced[0] if "lora_" in k]
+    assert lora_keys
+    for k in lora_keys:
+        assert torch.equal(engine.synced[0][k], first.synced[0][k].to(torch.bfloat16).float()), k
+    assert any(not torch.equal(engine.synced[0][k], first.synced[0][k]) for k in lora_keys)
+    # fresh moments: the optimiser has taken one step since the resume, not two
+    state = torch.load(tmp_path / "b" / "checkpoints" / "step-000002" / "optimizer.pt", weights_only=False)
+    assert {int(s["step"]) for s in state["state"].values()} == {1}

@@ -64,6 +64,7 @@ from ctxrl.rewards.cost import ModelGeometry
 from ctxrl.train.config import TrainConfig
 from ctxrl.train.credit import EpisodeCredit, assign_credit
 from ctxrl.train.engines.base import Engine, SamplingConfig
+from ctxrl.train.keep import load_kept_adapter
 from ctxrl.train.logprobs import packing_supported
 from ctxrl.train.loss import LossStats, token_mean_scale
 from ctxrl.train.rollout import RolloutConfig, rollout
@@ -648,22 +649,31 @@ def _groups_with_success(episodes: Sequence[EpisodeRecord]) -> tuple[int, int]:
 
 
 def load_checkpoint(out: Path, policy: Any, optimizer: Any, rank: int) -> dict[str, Any]:
-    """Restore the latest checkpoint under ``out`` into ``policy`` and ``optimizer`` and this rank's RNG;
-    returns its ``state.json`` (``step``: the steps already done; ``graded``: whether the next step's task
+    """Restore the latest checkpoint under ``out`` into ``policy`` and ``optimizer`` and this rank's RNG (a
+    kept checkpoint, :mod:`ctxrl.train.keep`: the adapter from ``model/``, fresh AdamW moments); returns its
+    ``state.json`` (``step``: the steps already done; ``graded``: whether the next step's task
     reward is graded). Raises :class:`UsageError` when there is none."""
     root = out / CHECKPOINTS
     if not (root / LATEST).exists():
         raise UsageError(f"nothing to resume: {root / LATEST} does not exist (start without resume)")
     ckpt = root / (root / LATEST).read_text().strip()
-    trainable = torch.load(ckpt / "trainable.pt", weights_only=True)
-    params = dict(policy.named_parameters())
-    missing = [n for n in trainable if n not in params]
-    if missing:
-        raise UsageError(f"{ckpt} does not match the model (no parameter {missing[0]}); same model and lora?")
-    with torch.no_grad():
-        for name, tensor in trainable.items():
-            params[name].copy_(tensor)
-    optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=False))
+    if (ckpt / "trainable.pt").is_file():
+        trainable = torch.load(ckpt / "trainable.pt", weights_only=True)
+        params = dict(policy.named_parameters())
+        missing = [n for n in trainable if n not in params]
+        if missing:
+            raise UsageError(
+                f"{ckpt} does not match the model (no parameter {missing[0]}); same model and lora?"
+            )
+        with torch.no_grad():
+            for name, tensor in trainable.items():
+                params[name].copy_(tensor)
+    else:  # a kept checkpoint (ctxrl.train.keep): the adapter alone, in bf16
+        load_kept_adapter(policy, ckpt / "model")
+    if (ckpt / "optimizer.pt").is_file():
+        optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=False))
+    elif rank == 0:
+        print(f"resuming {ckpt} without optimizer.pt (a kept run): AdamW's moments start at zero", flush=True)
     rng = ckpt / f"rng-{rank}.pt"
     if rng.exists():
         _set_rng_state(torch.load(rng, weights_only=False))
