@@ -1,101 +1,168 @@
 #!/usr/bin/env bash
-# bash scripts/learn_smollm2.sh [OUT]   (default runs/learn; CTXRL=.venv/bin/ctxrl when the venv is not active)
+# bash scripts/learn_smollm2.sh [OUT] [KEY=VALUE ...]   (default OUT runs/learn; CTXRL=.venv/bin/ctxrl PY=.venv/bin/python
+#                                                       when the venv is not active)
 #
 # The learning benchmark with SmolLM2-135M-Instruct on the retention ladder (docs/results/learning/), one
-# resumable stage at a time, each timed into OUT/times.tsv (a stage whose marker OUT/.NAME.done exists is
-# skipped, so a rerun continues after a crash, or in the next session from the same OUT):
+# resumable stage at a time, each timed into KEEP/times.tsv:
 #   demos       the scripted file manager on 96 `mini` + 80 `small` train tasks (configs/demonstrations.yaml)
 #   sft         LoRA warm start on them (configs/sft_smollm2_ladder.yaml; 12 held out)
 #   calib       the calibration table (scripts/calibrate_smollm2.sh): scripted, zero-shot and the SFT start
 #               at mini / small / short, file and tools mode; `ctxrl calibrate` names the level and mode.
 #               No level named: the script stops here, as the issue says.
-#   self        the SFT start's own episodes on 64 train tasks at that level and mode (vLLM)
-#   sft_ei      expert iteration: SFT from the base again, the successful self episodes added to the demos
+#   ei          expert iteration: the SFT start's own episodes on 64 train tasks at that level and mode (vLLM),
+#               the successful ones train a new adapter on top of it (configs/sft_smollm2_ei.yaml)
 #   eval_sft, eval_ei    both starts on the same HELDOUT (64) dev tasks; the better one is the GRPO start
 #   grpo_mid, grpo_w0_mid   GRPO (configs/train_smollm2_ladder.yaml) for MID (10) steps, default w_eff and w_eff = 0
 #   eval_mid, eval_w0_mid   both arms' step-MID checkpoints on the first 32 of those dev tasks
 #   grpo, grpo_w0           both arms resumed to STEPS (20)
 #   eval_grpo, eval_w0      both arms on the HELDOUT dev tasks
-#   compare     `ctxrl compare` of start, GRPO and the w_eff = 0 arm: OUT/summary.json
-# Sizes: HELDOUT, MID, STEPS (environment). Extra arguments go to both GRPO arms (e.g. train.lr=1e-4).
+#   compare     `ctxrl compare` of start, GRPO and the w_eff = 0 arm: KEEP/summary.json
+# Sizes: HELDOUT, MID, STEPS (environment). KEY=VALUE arguments go to both GRPO arms (e.g. train.lr=1e-4).
+#
+# Across sessions. OUT holds the working files (demonstrations, merged models, full checkpoints); KEEP (default
+# OUT/keep; the benchmark in docs/results/learning/ ran with KEEP=docs/results/learning, committed after each
+# stage) holds what a later session needs, all of it small: every stage's metrics, summaries and eval JSON, the
+# LoRA adapters in bf16 (about 10 MB each; never a merged model) and the GRPO runs slimmed by
+# `python -m ctxrl.train.keep`. A stage whose marker KEEP/.NAME.done exists is skipped; a session with a fresh
+# OUT merges the adapters it needs again (`ctxrl export --adapter`) and resumes a kept GRPO run (its AdamW
+# moments start at zero there, which the run's log says). UNTIL=NAME stops after that stage, to size a session.
 set -euo pipefail
 OUT="${1:-runs/learn}"
 shift || true
+KEEP="${KEEP:-$OUT/keep}"
 CTXRL="${CTXRL:-ctxrl}"
 PY="${PY:-python}"
 HELDOUT="${HELDOUT:-64}"
 MID="${MID:-10}"
 STEPS="${STEPS:-20}"
-mkdir -p "$OUT"
-stage() {  # stage NAME COMMAND...: skipped once OUT/.NAME.done exists
+UNTIL="${UNTIL:-}"
+BASE=smollm2-135m-instruct
+mkdir -p "$OUT" "$KEEP"
+stage() {  # stage NAME COMMAND...: skipped once KEEP/.NAME.done exists
   local name="$1"
   shift
-  if [ -e "$OUT/.$name.done" ]; then
+  if [ -e "$KEEP/.$name.done" ]; then
     echo "== $name: done before, skipped"
     return
   fi
   echo "== $name: $*"
   local t0=$SECONDS
   "$@" > "$OUT/$name.log" 2>&1 || { echo "$name failed; see $OUT/$name.log" >&2; tail -5 "$OUT/$name.log" >&2; exit 1; }
-  printf '%s\t%d\n' "$name" $((SECONDS - t0)) >> "$OUT/times.tsv"
-  touch "$OUT/.$name.done"
+  printf '%s\t%d\n' "$name" $((SECONDS - t0)) >> "$KEEP/times.tsv"
+  touch "$KEEP/.$name.done"
   tail -3 "$OUT/$name.log"
+  if [ "$UNTIL" = "$name" ]; then
+    echo "== stopped after $name (UNTIL=$UNTIL)"
+    exit 0
+  fi
 }
+keep() {  # keep NAME FILE...: copy a stage's small outputs into KEEP/NAME
+  local name="$1"
+  shift
+  rm -rf "${KEEP:?}/$name"
+  mkdir -p "$KEEP/$name"
+  cp -r "$@" "$KEEP/$name/"
+}
+merged() {  # merged NAME BASE: OUT/NAME/model, merged again from KEEP/NAME/adapter when this OUT lacks it
+  if [ ! -e "$OUT/$1/model/config.json" ]; then
+    rm -rf "$OUT/$1/model"
+    "$CTXRL" export --adapter "$KEEP/$1/adapter" --base "$2" --out "$OUT/$1/model"
+  fi
+}
+
+DEMOS=("$OUT/demos_mini/trajectories.jsonl" "$OUT/demos_small/trajectories.jsonl")
 demos() {
   for spec in mini:96 small:80; do
-    "$CTXRL" rollout --config configs/demonstrations.yaml --model smollm2-135m-instruct --overwrite \
+    "$CTXRL" rollout --config configs/demonstrations.yaml --model "$BASE" --overwrite \
       --out "$OUT/demos_${spec%%:*}" tasks.families=[retention] tasks.difficulty="${spec%%:*}" tasks.count="${spec##*:}"
   done
 }
+sft() {
+  "$CTXRL" sft --config configs/sft_smollm2_ladder.yaml --demos "${DEMOS[@]}" --out "$OUT/sft" --overwrite
+  keep sft "$OUT/sft/adapter" "$OUT/sft/summary.json" "$OUT/sft/metrics.jsonl"
+}
+calib() {
+  CTXRL="$CTXRL" bash scripts/calibrate_smollm2.sh "$OUT/calib" "$OUT/sft/model"
+  rm -rf "${KEEP:?}/calibration"
+  local f
+  for f in $(cd "$OUT/calib" && find . -name 'eval.json' -o -name 'eval.md' -o -name 'calibration.*' -o -name times.tsv); do
+    mkdir -p "$KEEP/calibration/$(dirname "$f")"
+    cp "$OUT/calib/$f" "$KEEP/calibration/$f"
+  done
+}
+if [ ! -e "$KEEP/.sft.done" ] && [ ! -s "${DEMOS[1]}" ]; then
+  rm -f "$KEEP/.demos.done"  # the demonstrations live in OUT only: a fresh OUT records them again
+fi
 stage demos demos
-DEMOS=("$OUT/demos_mini/trajectories.jsonl" "$OUT/demos_small/trajectories.jsonl")
-stage sft "$CTXRL" sft --config configs/sft_smollm2_ladder.yaml --demos "${DEMOS[@]}" --out "$OUT/sft" --overwrite
-stage calib env CTXRL="$CTXRL" bash scripts/calibrate_smollm2.sh "$OUT/calib" "$OUT/sft/model"
-chosen() { "$PY" -c "import json,sys; c=json.load(open(sys.argv[1]))['chosen']; print(c[sys.argv[2]] if c else '')" "$OUT/calib/calibration.json" "$1"; }
+stage sft sft
+merged sft "$BASE"
+stage calib calib
+chosen() { "$PY" -c "import json,sys; c=json.load(open(sys.argv[1]))['chosen']; print(c[sys.argv[2]] if c else '')" "$KEEP/calibration/calibration.json" "$1"; }
 LEVEL="$(chosen level)"
 MODE="$(chosen mode)"
 if [ -z "$LEVEL" ]; then
-  echo "the SFT start is inside [25 %, 75 %] at no level; the table is $OUT/calib/calibration.md" >&2
+  echo "the SFT start is inside [25 %, 75 %] at no level; the table is $KEEP/calibration/calibration.md" >&2
   exit 2
 fi
 echo "== training level: $LEVEL, $MODE mode"
 AT=(tasks.difficulty="$LEVEL" rollout.mode="$MODE")
 EVAL=(--config configs/eval_smollm2_ladder.yaml eval.difficulty="$LEVEL" eval.modes=["$MODE"])
-stage self "$CTXRL" rollout --config configs/eval_smollm2_ladder.yaml --model "$OUT/sft/model" --out "$OUT/self" \
-  --overwrite tasks.families=[retention] tasks.split=train tasks.count=64 "${AT[@]}" rollout.group_size=1
-stage sft_ei "$CTXRL" sft --config configs/sft_smollm2_ladder.yaml --out "$OUT/sft_ei" --overwrite \
-  --demos "$OUT/self/trajectories.jsonl" "${DEMOS[@]}"
-stage eval_sft "$CTXRL" eval "${EVAL[@]}" eval.episodes="$HELDOUT" --model "$OUT/sft/model" --out "$OUT/eval_sft" --overwrite
-stage eval_ei "$CTXRL" eval "${EVAL[@]}" eval.episodes="$HELDOUT" --model "$OUT/sft_ei/model" --out "$OUT/eval_ei" --overwrite
-success() { "$PY" -c "import json,sys; s=json.load(open(sys.argv[1]))['summary']; print(next(iter(s.values()))['overall']['success'])" "$1/eval.json"; }
+
+ei() {
+  "$CTXRL" rollout --config configs/eval_smollm2_ladder.yaml --model "$OUT/sft/model" --out "$OUT/self" \
+    --overwrite tasks.families=[retention] tasks.split=train tasks.count=64 "${AT[@]}" rollout.group_size=1
+  "$CTXRL" sft --config configs/sft_smollm2_ei.yaml --model "$OUT/sft/model" --out "$OUT/sft_ei" --overwrite \
+    --demos "$OUT/self/trajectories.jsonl"
+  keep sft_ei "$OUT/sft_ei/adapter" "$OUT/sft_ei/summary.json" "$OUT/sft_ei/metrics.jsonl"
+  cp "$OUT/self/summary.json" "$KEEP/sft_ei/self_summary.json" 2>/dev/null || true
+}
+evaluate() {  # evaluate NAME MODEL EPISODES: eval MODEL on the first EPISODES dev tasks into KEEP/NAME
+  "$CTXRL" eval "${EVAL[@]}" eval.episodes="$3" --model "$2" --out "$OUT/$1" --overwrite
+  keep "$1" "$OUT/$1/eval.json" "$OUT/$1/eval.md"
+}
+stage ei ei
+merged sft_ei "$OUT/sft/model"
+stage eval_sft evaluate eval_sft "$OUT/sft/model" "$HELDOUT"
+stage eval_ei evaluate eval_ei "$OUT/sft_ei/model" "$HELDOUT"
+success() { "$PY" -c "import json,sys; s=json.load(open(sys.argv[1]))['summary']; print(next(iter(s.values()))['overall']['success'])" "$KEEP/$1/eval.json"; }
 START="sft"
 if "$PY" -c "import sys; sys.exit(0 if float(sys.argv[1]) >= float(sys.argv[2]) else 1)" \
-  "$(success "$OUT/eval_ei")" "$(success "$OUT/eval_sft")"; then
+  "$(success eval_ei)" "$(success eval_sft)"; then
   START="sft_ei"
 fi
 echo "== GRPO start: $OUT/$START/model"
-arm() {  # arm NAME STEPS EXTRA...: GRPO into OUT/NAME, resumed when it has begun
+
+restored() {  # restored NAME: OUT/NAME, brought back from KEEP/NAME when this OUT lacks the GRPO run
+  if [ ! -e "$OUT/$1/config.yaml" ] && [ -e "$KEEP/$1/checkpoints/latest" ]; then
+    rm -rf "${OUT:?}/$1"
+    "$PY" -m ctxrl.train.keep --restore "$KEEP/$1" "$OUT/$1"
+  fi
+}
+arm() {  # arm NAME STEPS EXTRA...: GRPO into OUT/NAME (resumed when it has begun, here or in KEEP), then kept
   local name="$1" steps="$2"
   shift 2
   local resume=()
+  restored "$name"
   [ -e "$OUT/$name/config.yaml" ] && resume=(--resume)
   "$CTXRL" train --config configs/train_smollm2_ladder.yaml --model "$OUT/$START/model" --out "$OUT/$name" \
     "${resume[@]}" "${AT[@]}" train.steps="$steps" "$@"
+  "$PY" -m ctxrl.train.keep "$OUT/$name" "$KEEP/$name"
 }
-evaluate() {  # evaluate RUN STEP EPISODES OUT: export the RUN's checkpoint STEP and evaluate it
-  rm -rf "$4/export"
-  mkdir -p "$4"
-  "$CTXRL" export --run "$1" --step "$2" --out "$4/export"
-  "$CTXRL" eval "${EVAL[@]}" eval.episodes="$3" --model "$4/export" --out "$4/eval" --overwrite
+evaluate_run() {  # evaluate_run NAME RUN STEP EPISODES: export the RUN's checkpoint STEP and evaluate it
+  restored "$2"
+  rm -rf "$OUT/$1/export"
+  mkdir -p "$OUT/$1"
+  "$CTXRL" export --run "$OUT/$2" --step "$3" --out "$OUT/$1/export"
+  evaluate "$1" "$OUT/$1/export" "$4"
 }
+merged "$START" "$([ "$START" = sft ] && echo "$BASE" || echo "$OUT/sft/model")"
 stage grpo_mid arm grpo "$MID" "$@"
 stage grpo_w0_mid arm grpo_w0 "$MID" advantages.w_eff=0 "$@"
-stage eval_mid evaluate "$OUT/grpo" "$MID" 32 "$OUT/eval_mid"
-stage eval_w0_mid evaluate "$OUT/grpo_w0" "$MID" 32 "$OUT/eval_w0_mid"
+stage eval_mid evaluate_run eval_mid grpo "$MID" 32
+stage eval_w0_mid evaluate_run eval_w0_mid grpo_w0 "$MID" 32
 stage grpo arm grpo "$STEPS" "$@"
 stage grpo_w0 arm grpo_w0 "$STEPS" advantages.w_eff=0 "$@"
-stage eval_grpo evaluate "$OUT/grpo" "$STEPS" "$HELDOUT" "$OUT/eval_grpo"
-stage eval_w0 evaluate "$OUT/grpo_w0" "$STEPS" "$HELDOUT" "$OUT/eval_w0"
-stage compare "$CTXRL" compare "$OUT/eval_$([ "$START" = sft ] && echo sft || echo ei)" "$OUT/eval_grpo/eval" \
-  "$OUT/eval_w0/eval" --out "$OUT/summary.json"
-echo "== done: $OUT/summary.json; stage times (s) in $OUT/times.tsv"
+stage eval_grpo evaluate_run eval_grpo grpo "$STEPS" "$HELDOUT"
+stage eval_w0 evaluate_run eval_w0 grpo_w0 "$STEPS" "$HELDOUT"
+stage compare "$CTXRL" compare "$KEEP/eval_$([ "$START" = sft ] && echo sft || echo ei)" "$KEEP/eval_grpo" "$KEEP/eval_w0" --out "$KEEP/summary.json"
+echo "== done: $KEEP/summary.json; stage times (s) in $KEEP/times.tsv"
