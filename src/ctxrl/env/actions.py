@@ -12,13 +12,15 @@ receipt instead of running anything, so the model sees its mistake and the episo
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 from ctxrl.env.context import ToolCall
+from ctxrl.env.gate import loads_bounded
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+CALL_SYNTAX = 'write each call as <tool_call>{"name": ..., "arguments": {...}}</tool_call>'
+"""How a format receipt says to write a call."""
 FORMAT_ERROR_TOOL = "invalid_tool_call"
 """Reserved tool name carrying a malformed call; its arguments are ``{"error": ..., "text": ...}``."""
 
@@ -58,30 +60,31 @@ def call_blocks(text: str) -> list[tuple[int, int, str, bool]]:
     return [(m.start(), m.end(), m.group(1), m.group(0).endswith(CLOSE)) for m in _BLOCK.finditer(text)]
 
 
-def _format_error(error: str, text: str) -> ToolCall:
+def format_error_call(error: str, text: str) -> ToolCall:
+    """A call of :data:`FORMAT_ERROR_TOOL`: the harness answers it with a format receipt saying ``error``."""
     return ToolCall.make("", FORMAT_ERROR_TOOL, {"error": error, "text": text[:200]})
 
 
 def _parse_call(body: str, closed: bool) -> ToolCall:
     if not closed:
-        return _format_error(f"unclosed {OPEN}: end the call with {CLOSE}", body)
+        return format_error_call(f"unclosed {OPEN}: end the call with {CLOSE}", body)
     try:
-        value: Any = json.loads(body)
-    except (ValueError, RecursionError) as exc:
-        return _format_error(f"the call is not valid JSON ({exc})", body)
+        value: Any = loads_bounded(body)
+    except ValueError as exc:
+        return format_error_call(f"the call is not valid JSON ({exc})", body)
     if not isinstance(value, dict):
-        return _format_error('the call must be a JSON object {"name": ..., "arguments": {...}}', body)
+        return format_error_call('the call must be a JSON object {"name": ..., "arguments": {...}}', body)
     name = value.get("name")
     if not isinstance(name, str) or not name:
-        return _format_error('the call has no "name" string', body)
+        return format_error_call('the call has no "name" string', body)
     arguments = value.get("arguments", {})
     if isinstance(arguments, str):  # some templates double-encode arguments
         try:
-            arguments = json.loads(arguments)
-        except (ValueError, RecursionError):
-            return _format_error('"arguments" is a string that is not a JSON object', body)
+            arguments = loads_bounded(arguments)
+        except ValueError:
+            return format_error_call('"arguments" is a string that is not a JSON object', body)
     if not isinstance(arguments, dict):
-        return _format_error('"arguments" must be a JSON object', body)
+        return format_error_call('"arguments" must be a JSON object', body)
     return ToolCall.make(str(value.get("id") or ""), name, arguments)
 
 
@@ -110,5 +113,5 @@ def parse_tool_calls(text: str) -> tuple[str, tuple[ToolCall, ...]]:
     prose.append(text[pos:])
     stray_close = "".join(prose).count(CLOSE)
     if stray_close:
-        calls.append(_format_error(f"{CLOSE} without a matching {OPEN}", text))
+        calls.append(format_error_call(f"{CLOSE} without a matching {OPEN}", text))
     return "".join(prose).replace(CLOSE, "").strip(), tuple(calls)

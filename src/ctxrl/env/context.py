@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Literal, Protocol
 
+from ctxrl.env.gate import loads_bounded
 from ctxrl.env.special import neutral_messages, special_spellings
 
 Role = Literal["user", "assistant", "tool"]
@@ -76,9 +77,9 @@ def valid_arguments(text: str) -> str:
     if _SURROGATE_ESCAPE.search(text) is None:
         return text
     try:
-        value = json.loads(text)
+        value = loads_bounded(text)
         return canonical_json(value) if isinstance(value, dict) else text
-    except (ValueError, RecursionError):
+    except ValueError:
         return text
 
 
@@ -97,8 +98,8 @@ class ToolCall:
     def args(self) -> dict[str, Any]:
         """The arguments as a dict (``{}`` if the stored text is not a JSON object, or nests too deep to read)."""
         try:
-            value = json.loads(self.arguments)
-        except (ValueError, RecursionError):
+            value = loads_bounded(self.arguments)
+        except ValueError:
             return {}
         return value if isinstance(value, dict) else {}
 

@@ -35,11 +35,11 @@ Rendering an unedited (normalised) region and parsing it back gives the same tur
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 
 from ctxrl.env.context import ToolCall, Turn, canonical_json, normalize_turns
+from ctxrl.env.gate import loads_bounded
 
 _HEADER = re.compile(r"^\[\[[ \t]*CTX_TURN\b([^\]\n]*)\]\]([^\n]*)$", re.IGNORECASE | re.MULTILINE)
 _CALL = re.compile(r"^\[\[[ \t]*CTX_CALL\b([^\]\n]*)\]\][ \t]?(.*)$", re.IGNORECASE)
@@ -106,8 +106,8 @@ def _parse_call_line(line: str) -> ToolCall | None:
     if not call_id or not name:
         return None
     try:
-        arguments = json.loads(m.group(2))
-    except (ValueError, RecursionError):
+        arguments = loads_bounded(m.group(2))
+    except ValueError:
         return None
     if not isinstance(arguments, dict):
         return None

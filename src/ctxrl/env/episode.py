@@ -59,7 +59,7 @@ from ctxrl.env.context import ChatTemplateCounter, ToolCall, canonical_json, val
 from ctxrl.env.harness import Action, Harness, StepResult
 from ctxrl.env.modes import make_mode, mode_spec
 from ctxrl.env.modes.base import CallOutcome, Episode, Mode, StepNotes
-from ctxrl.env.modes.common import format_outcome, store_root
+from ctxrl.env.modes.common import store_root
 from ctxrl.env.sandbox import Sandbox, SandboxConfig, remove_tree
 from ctxrl.env.skills import system_prompt
 from ctxrl.env.special import neutral_messages
@@ -71,7 +71,6 @@ HARNESS_TOOL = (
     "[harness] {command} is a harness tool, not a workspace script: call the tool {name} itself (its output "
     "reaches the context whole; it cannot be piped, redirected or filtered). Nothing was run."
 )
-CALL_SYNTAX = 'write each call as <tool_call>{"name": ..., "arguments": {...}}</tool_call>'
 
 
 # --- the budget rule -------------------------------------------------------------------------------------
@@ -137,9 +136,6 @@ class TaskToolsMode(Mode):
         return [*self.inner.tool_schemas(config), *(t.to_openai() for t in self._task_tools.values())]
 
     def run_call(self, call: ToolCall, episode: Episode) -> CallOutcome:
-        if call.name == FORMAT_ERROR_TOOL:
-            error = call.args().get("error", "malformed tool call")
-            return format_outcome("a tool", f"{error}; {CALL_SYNTAX}", episode.context)
         spec = self._task_tools.get(call.name)
         if spec is None:
             named = [t for t in self._task_tools.values() if t.private and call.name == "shell"]

@@ -20,7 +20,6 @@ is a free edit turn: it costs no task step (``max_steps``) but still counts agai
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxrl.env import budget as bud
+from ctxrl.env.actions import CALL_SYNTAX, FORMAT_ERROR_TOOL, format_error_call
 from ctxrl.env.config import HarnessConfig
 from ctxrl.env.context import (
     Context,
@@ -37,9 +37,18 @@ from ctxrl.env.context import (
     canonical_json,
     safe_identifier,
     valid_arguments,
-    valid_text,
+)
+from ctxrl.env.gate import (
+    MAX_ARGUMENT_CHARS,
+    MAX_CALLS,
+    MAX_DEPTH,
+    MAX_TEXT_CHARS,
+    clean_text,
+    json_depth,
+    loads_bounded,
 )
 from ctxrl.env.modes.base import SUBMIT, CallOutcome, CommandRunner, Episode, Mode, StepNotes
+from ctxrl.env.modes.common import format_outcome
 from ctxrl.env.modes.file import FileMode
 from ctxrl.env.monitor import Flag, argument_texts, scan
 from ctxrl.env.receipts import Receipt
@@ -88,20 +97,56 @@ class Action:
             calls.append(call)
         return cls(content=str(message.get("content") or ""), tool_calls=tuple(calls))
 
-    def valid(self) -> Action:
-        """This action with every lone surrogate replaced by U+FFFD (see :func:`valid_text`), so nothing
-        downstream (commands, files, token counting, prompts) meets text it cannot encode."""
-        calls = tuple(
-            ToolCall(valid_text(c.id), valid_text(c.name), valid_arguments(c.arguments))
-            for c in self.tool_calls
+    def gated(self) -> Action:
+        """This action through the gate (:mod:`ctxrl.env.gate`): text cleaned (lone surrogates, control
+        characters), prose past :data:`MAX_TEXT_CHARS` cut with a marker; calls past :data:`MAX_CALLS`, and
+        calls whose arguments are too long, nest too deep or hold a control character, turned into
+        malformed-call receipts. Nothing
+        downstream (commands, files, token counting, prompts, the monitor) meets text it cannot handle."""
+        content = clean_text(self.content)
+        if len(content) > MAX_TEXT_CHARS:
+            cut = len(content) - MAX_TEXT_CHARS
+            content = (
+                f"{content[:MAX_TEXT_CHARS]}\n[cut: {cut:,} more characters; a turn holds {MAX_TEXT_CHARS:,}]"
+            )
+        calls = [_gated_call(c) for c in self.tool_calls[:MAX_CALLS]]
+        if len(self.tool_calls) > MAX_CALLS:
+            more = len(self.tool_calls) - MAX_CALLS
+            calls.append(format_error_call(f"{more} more calls were not run: at most {MAX_CALLS} a turn", ""))
+        return Action(content, tuple(calls))
+
+
+_CONTROL_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\u00(?:0[0-8bBcCeEfF]|1[0-9a-fA-F]|7[fF]|[89][0-9a-fA-F])")
+"""A JSON escape of a control character (not tab, newline or carriage return) in arguments text, ``\\u0000``
+and the like, after an even number of backslashes (so not an escaped backslash followed by ``u0000``)."""
+
+
+def _gated_call(call: ToolCall) -> ToolCall:
+    """One call through the gate (see :meth:`Action.gated`)."""
+    text = call.arguments
+    if len(text) > MAX_ARGUMENT_CHARS:
+        return format_error_call(
+            f"the arguments are {len(text):,} characters; at most {MAX_ARGUMENT_CHARS:,}", text
         )
-        return Action(valid_text(self.content), calls)
+    depth = json_depth(text)
+    if depth > MAX_DEPTH:
+        return format_error_call(f"the arguments nest {depth} deep; at most {MAX_DEPTH} levels", text)
+    control = _CONTROL_ESCAPE.search(text)
+    if control is not None:  # refused, not stripped: the call would run something other than what was written
+        code = control.group(0)[-4:].upper()
+        what = " (a null byte)" if code == "0000" else ""
+        return format_error_call(
+            f"the arguments hold the control character U+{code}{what}, which no command or file name can "
+            "hold; nothing ran",
+            text,
+        )
+    return ToolCall(clean_text(call.id), clean_text(call.name), valid_arguments(clean_text(text)))
 
 
 def _json_object(text: str) -> dict[str, Any]:
     try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):
+        value = loads_bounded(text)
+    except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
 
@@ -235,7 +280,7 @@ class Harness:
             raise UsageError("the episode is over; call Harness.reset(...) to start a new one")
         if not isinstance(action, Action):
             action = Action.from_message(action)
-        action = action.valid()
+        action = action.gated()
         cfg, ctx = self.config, episode.context
         self._lm_calls += 1
         calls = self._with_ids(action.tool_calls)
@@ -251,6 +296,12 @@ class Harness:
                 answer = value if isinstance(value, str) else canonical_json(call.args())
                 outcomes.append(CallOutcome(SUBMITTED))
                 break  # nothing after a submit runs
+            if (
+                call.name == FORMAT_ERROR_TOOL
+            ):  # a malformed call, or one the gate refused: say why, run nothing
+                error = call.args().get("error", "malformed tool call")
+                outcomes.append(format_outcome("a tool", f"{error}; {CALL_SYNTAX}", ctx))
+                continue
             outcomes.append(self.mode.run_call(call, episode))
         calls = self._fresh_ids(calls[: len(outcomes)])
         receipts = tuple(o.receipt for o in outcomes if o.receipt is not None)
@@ -269,7 +320,7 @@ class Harness:
         ctx.append(Turn("assistant", action.content, tool_calls=calls))
         if calls:
             pending = [
-                Turn("tool", _with_receipt(o), tool_call_id=c.id, name=c.name)
+                Turn("tool", clean_text(_with_receipt(o)), tool_call_id=c.id, name=c.name)
                 for c, o in zip(calls, outcomes)
             ]
         else:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import selectors
 import shlex
@@ -50,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from ctxrl.env.gate import loads_bounded
 from ctxrl.errors import SandboxError
 
 Backend = Literal["auto", "bwrap", "unshare", "none"]
@@ -636,7 +636,7 @@ def _reap_namespace_init(info_fd: int) -> None:
     os.set_blocking(info_fd, False)
     try:
         data = os.read(info_fd, 4096)
-        child = int(json.loads(data.decode()).get("child-pid", 0))
+        child = int(loads_bounded(data.decode()).get("child-pid", 0))
     except (OSError, ValueError, AttributeError):
         return
     if child <= 0:

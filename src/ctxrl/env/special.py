@@ -21,6 +21,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from ctxrl.env.gate import loads_bounded
+
 BREAK = "\u200b"
 """Zero-width space: inserted after the first character of a special-token spelling to break it."""
 
@@ -96,8 +98,8 @@ def _neutral_arguments(arguments: Mapping[str, Any], spellings: Spellings) -> An
     while pattern.search(text) is not None:
         text = pattern.sub(lambda m: spellings._json_map[m.group(0)], text)
     try:
-        return json.loads(text)
-    except (ValueError, RecursionError):  # a spelling that spans JSON structure: keep the text, broken
+        return loads_bounded(text)
+    except ValueError:  # a spelling that spans JSON structure: keep the text, broken
         return text
 
 

@@ -6,13 +6,13 @@ The hooks a mode may implement are declared, with no-op defaults, on :class:`ctx
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ctxrl.env.context import Context, ToolCall, Turn
+from ctxrl.env.gate import loads_bounded
 from ctxrl.env.mode_config import ModesConfig
 from ctxrl.env.modes.base import SUBMIT, CallOutcome, Episode, format_command_output
 from ctxrl.env.overflow import OverflowStore
@@ -68,8 +68,8 @@ def parse_arguments(call: ToolCall, tool: Schema) -> tuple[dict[str, Any], str |
     ``minItems`` / ``maxItems``.
     """
     try:
-        value = json.loads(call.arguments)
-    except (ValueError, RecursionError):
+        value = loads_bounded(call.arguments)
+    except ValueError:
         return {}, "the arguments are not valid JSON"
     if not isinstance(value, dict):
         return {}, "the arguments must be a JSON object"

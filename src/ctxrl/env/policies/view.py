@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ctxrl.env.actions import parse_tool_calls
+from ctxrl.env.gate import loads_bounded
 from ctxrl.env.modes import EDIT_TOOLS
 from ctxrl.env.modes.tools import RESULT_TAG_RE, announced_tools
 
@@ -143,7 +144,7 @@ def _arguments(raw: Any) -> dict[str, Any]:
         return dict(raw)
     if isinstance(raw, str):
         try:
-            value = json.loads(raw)
+            value = loads_bounded(raw)
         except ValueError:
             return {}
         return value if isinstance(value, dict) else {}
@@ -225,7 +226,7 @@ def parse_prompt(text: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]
         if role == "system" and not messages:
             block = _TOOLS_BLOCK.search(content)
             if block is not None:
-                tools = [json.loads(line) for line in block.group(1).splitlines() if line.strip()]
+                tools = [loads_bounded(line) for line in block.group(1).splitlines() if line.strip()]
                 content = content[: block.start()]
             messages.append({"role": "system", "content": content})
         elif role == "assistant":
