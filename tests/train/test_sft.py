@@ -387,6 +387,7 @@ def test_lora_sft_saves_a_bf16_adapter_that_merges_into_the_saved_model_exactly(
     adapter = out / "adapter"
     config = json.loads((adapter / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == str(tiny_model_dir) and config["r"] == 4
+    assert sorted(p.name for p in adapter.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
     weights = load_file(str(adapter / "adapter_model.safetensors"))
     assert weights and all(t.dtype == torch.bfloat16 for t in weights.values())
     assert any(t.abs().max() > 0 for name, t in weights.items() if "lora_B" in name)  # it trained

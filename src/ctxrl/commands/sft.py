@@ -117,7 +117,7 @@ def sft_command(
     summary = {
         "demos": str(files[0]) if len(files) == 1 else [str(f) for f in files],
         "heldout_episodes": len(heldout_episodes),
-        "base_model": str(base),
+        "base_model": config.model if config.model is not None else str(base),  # as given: no machine's path
         **stats.to_dict(),
         **result.to_dict(),
         "lora": sft.lora.enabled,

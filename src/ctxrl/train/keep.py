@@ -57,7 +57,9 @@ def keep_run(run: Path, dest: Path) -> Path:
     for name in RUN_FILES:
         if (run / name).is_file():
             shutil.copy2(run / name, tmp / name)
-    shutil.copytree(ckpt / "model", kept / "model")
+    shutil.copytree(
+        ckpt / "model", kept / "model", ignore=shutil.ignore_patterns("README.md")
+    )  # peft's blank card
     state = {k: t.to(torch.bfloat16).contiguous() for k, t in load_file(str(weights)).items()}
     save_file(state, str(kept / "model" / ADAPTER_WEIGHTS), metadata={"format": "pt"})
     for path in ckpt.iterdir():

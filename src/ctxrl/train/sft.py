@@ -561,6 +561,9 @@ def save_adapter_bf16(model: Any, folder: Path) -> None:
             if "lora_" in name:
                 param.copy_(param.to(torch.bfloat16).to(param.dtype))
     model.save_pretrained(folder)
+    (folder / "README.md").unlink(
+        missing_ok=True
+    )  # peft's blank model card, which names the base's local path
     weights = folder / "adapter_model.safetensors"
     state = {name: t.to(torch.bfloat16).contiguous() for name, t in load_file(str(weights)).items()}
     save_file(state, str(weights), metadata={"format": "pt"})
