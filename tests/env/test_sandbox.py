@@ -283,3 +283,48 @@ def test_quick_clean_exit_is_never_reported_as_killed(backend: str, tmp_path: Pa
         sandbox = Sandbox(tmp_path, SandboxConfig(backend="bwrap"))
     codes = {sandbox.run("seq 1 30").exit_code for _ in range(60)}
     assert codes == {0}
+
+
+# -- the unshare backend in long processes (issue 24, item 5) ----------------------------------------------
+
+
+def test_a_command_killed_at_its_limit_reads_as_killed_not_as_a_backend_error(box: Sandbox) -> None:
+    """util-linux's unshare < 2.40 answers its child's SIGKILL with "sigprocmask unblock failed: Invalid
+    argument" and exit 1: the message that once looked like the backend refusing commands late in long runs."""
+    result = box.run("sleep 30", timeout_s=TIMEOUT_S)
+    assert result.timed_out and result.exit_code == 124
+    assert "sigprocmask" not in result.output
+    assert_still_works(box)
+
+
+@pytest.mark.slow
+def test_unshare_runs_a_thousand_commands_beside_torch_threads_and_a_blocked_signal_mask(
+    tmp_path: Path,
+) -> None:
+    """The unshare backend inside a process that runs torch's OpenMP pool and other threads, started from a
+    thread whose signal mask blocks every signal a thread may block (what subprocess passes on to the child)."""
+    import signal
+    import threading
+
+    import torch
+
+    torch.set_num_threads(2)
+    _ = torch.ones(256, 256) @ torch.ones(256, 256)  # the OpenMP pool exists now
+    stop = threading.Event()
+    spinner = threading.Thread(
+        target=lambda: [torch.ones(64, 64).sum() for _ in iter(lambda: stop.wait(0.005), True)]
+    )
+    spinner.start()
+    box = Sandbox(tmp_path / "ws", SandboxConfig(backend="unshare", timeout_s=20))
+    blocked = signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    try:
+        outputs = [box.run(f"echo {i}") for i in range(1000)]
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        stop.set()
+        spinner.join()
+    failed = [
+        (i, r.exit_code, r.output) for i, r in enumerate(outputs) if (r.exit_code, r.output) != (0, f"{i}\n")
+    ]
+    assert not failed, failed[:3]

@@ -95,6 +95,11 @@ REFUSED_EXIT = 126
 """Exit code of a command that was refused without running (not valid text)."""
 
 _READ_CHUNK = 1 << 16
+UNSHARE_SIGKILL_LINE = "unshare: sigprocmask unblock failed: Invalid argument\n"
+"""What util-linux's ``unshare`` before 2.40 prints when its child dies of SIGKILL (it tries to reset
+SIGKILL's handler, which always fails; fixed upstream by "unshare: don't try to reset the disposition of
+SIGKILL"). It once read as the backend refusing to start commands late in long processes: those were
+commands killed at their time limit on a loaded machine."""
 _DRAIN_GRACE_S = 2.0
 """How long to wait for the last output and the namespace's end after the command (or its kill) finished."""
 
@@ -460,6 +465,10 @@ class Sandbox:
             # is the usage the next command starts from (cleaning up must not look like growing).
             over = max(over, self._measure())
         text, cut = cap.result()
+        if self.backend == "unshare" and text.endswith(UNSHARE_SIGKILL_LINE):
+            # util-linux < 2.40 reports a child killed by SIGKILL (ours, at a limit, or the command's own)
+            # as this error and exit 1; it is the kill, not a failure to start: say 137, drop the line
+            text, returncode = text[: -len(UNSHARE_SIGKILL_LINE)], -signal.SIGKILL
         if over is not None:
             text += (
                 f"\n[sandbox] the workspace holds {over / 2**20:.0f} MiB, over its disk quota of "
