@@ -212,9 +212,9 @@ print(json.dumps({"before": before, "output": made.output, "after": median_true(
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_host_work_per_command_does_not_grow_with_the_file_count(backend: str, tmp_path: Path) -> None:
-    # In a fresh process: late in a full pytest session (never alone, nor with any subset of the earlier
-    # files) util-linux's `unshare --fork` refused to start this command ("sigprocmask unblock failed:
-    # Invalid argument"), which says something about the test process's state, not about the sandbox.
+    # In a fresh process, so the timing is this command's alone. (Late in full suites this once failed with
+    # "sigprocmask unblock failed: Invalid argument": that is util-linux's unshare < 2.40 reporting a command
+    # killed at its time limit on a loaded machine; the sandbox now reports such a kill as one.)
     done = subprocess.run(
         [sys.executable, "-c", _FILE_COUNT_PROBE, str(tmp_path / "ws"), backend],
         capture_output=True,
