@@ -71,10 +71,16 @@ def json_depth(text: str) -> int:
     return deepest
 
 
-def loads_bounded(text: str, max_depth: int = MAX_DEPTH) -> Any:
+def loads_bounded(text: str, max_depth: int | None = MAX_DEPTH) -> Any:
     """``json.loads(text)`` for text from the model: a ValueError (like any bad JSON) when it nests deeper
-    than ``max_depth``, checked before the parser runs."""
-    depth = json_depth(text)
-    if depth > max_depth:
-        raise ValueError(f"nested {depth} deep; at most {max_depth} levels of lists and objects")
-    return json.loads(text)
+    than ``max_depth``, checked before the parser runs. ``None``: no bound, for JSON this process wrote
+    itself (a structure that has already been serialised); a parser past Python's recursion limit still
+    ends in ValueError, never RecursionError."""
+    if max_depth is not None:
+        depth = json_depth(text)
+        if depth > max_depth:
+            raise ValueError(f"nested {depth} deep; at most {max_depth} levels of lists and objects")
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested deeper than the parser can go") from None

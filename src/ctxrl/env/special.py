@@ -98,7 +98,7 @@ def _neutral_arguments(arguments: Mapping[str, Any], spellings: Spellings) -> An
     while pattern.search(text) is not None:
         text = pattern.sub(lambda m: spellings._json_map[m.group(0)], text)
     try:
-        return loads_bounded(text)
+        return loads_bounded(text, max_depth=None)  # our own dump of arguments already held: any depth
     except ValueError:  # a spelling that spans JSON structure: keep the text, broken
         return text
 
