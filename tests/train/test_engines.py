@@ -87,6 +87,48 @@ def test_make_engine_unknown_name_lists_the_names() -> None:
         make_engine("llama.cpp", "x")
 
 
+def test_the_registry_names_each_engine_class_and_its_capabilities() -> None:
+    from ctxrl.train.engines import ENGINES, EngineConfig, engine_spec
+    from ctxrl.train.engines.hf import HFEngine
+    from ctxrl.train.engines.scripted import ScriptedEngine
+    from ctxrl.train.engines.server import VLLMServerEngine
+    from ctxrl.train.engines.vllm_engine import VLLMEngine
+
+    assert {cls.name for cls in (HFEngine, ScriptedEngine, VLLMServerEngine, VLLMEngine)} == set(ENGINES)
+    assert all(spec.token_io for spec in ENGINES.values())
+    scripted, server = engine_spec("scripted"), engine_spec("vllm-server")
+    assert not scripted.has_model and scripted.needs_policy and scripted.weight_sync == "none"
+    assert not scripted.loads_weights(EngineConfig(name="scripted"))
+    assert server.loads_weights(EngineConfig(name="vllm-server"))  # it starts a server on the folder
+    assert not server.loads_weights(EngineConfig(name="vllm-server", server_url="http://127.0.0.1:1"))
+    assert engine_spec("vllm").cached_tokens and not engine_spec("hf").cached_tokens
+    with pytest.raises(ConfigError, match=r"unknown engine 'llama\.cpp'; choose one of vllm, vllm-server"):
+        engine_spec("llama.cpp")
+
+
+def test_no_engine_name_is_compared_as_a_string_outside_the_registry() -> None:
+    """Callers ask ``ENGINES[name]``'s capabilities; a literal ``name == "scripted"`` elsewhere is how a new
+    engine ends up half supported."""
+    import ast
+
+    import ctxrl
+    from ctxrl.train.engines import ENGINE_NAMES
+
+    root = Path(ctxrl.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.parent.name == "engines":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Compare):
+                continue
+            for side in (node.left, *node.comparators):
+                items = side.elts if isinstance(side, ast.Tuple | ast.List | ast.Set) else [side]
+                if any(isinstance(i, ast.Constant) and i.value in ENGINE_NAMES for i in items):
+                    found.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert not found, f"engine names compared as strings: {found}"
+
+
 # ---------------------------------------------------------------------------------------------- transformers
 
 

@@ -84,7 +84,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from ctxrl.commands.bench_train import bench_train
 from ctxrl.env.config import HarnessConfig
@@ -94,6 +94,7 @@ from ctxrl.env.harness import Action, Harness
 from ctxrl.env.modes.base import CommandRunner
 from ctxrl.env.sandbox import CommandResult, SandboxConfig, sandbox_overhead_ms
 from ctxrl.errors import BenchError, UsageError
+from ctxrl.train.engines.base import EngineName
 
 SIZES = {"4k": 4096, "8k": 8192, "32k": 32768}
 _WORDS = [
@@ -284,7 +285,8 @@ QUICK_NEW_TOKENS = 16
 QUICK_STEPS = 3
 
 
-ENGINES = ("vllm", "hf")
+ROLLOUT_ENGINES: tuple[EngineName, ...] = ("vllm", "hf")
+"""The engines the rollout bench compares, each in a process of its own."""
 
 
 def bench_rollout(args: argparse.Namespace) -> dict[str, float]:
@@ -305,7 +307,7 @@ def bench_rollout(args: argparse.Namespace) -> dict[str, float]:
     plain: dict[str, dict[str, float]] = {}
     preloaded: dict[str, dict[str, float]] = {}
     # each engine's two runs back to back: a shared machine's load drifts less between them
-    for engine in ENGINES:
+    for engine in ROLLOUT_ENGINES:
         plain[engine] = _rollout_child(engine, quick, without_preload(os.environ), [])
         if libraries:
             preloaded[engine] = _rollout_child(engine, quick, with_preload(os.environ, libraries), expected)
@@ -318,16 +320,18 @@ def bench_rollout(args: argparse.Namespace) -> dict[str, float]:
         "env_steps_per_s": main["vllm"]["env_steps_per_s"],
     }
     if preloaded:
-        for engine in ENGINES:
+        for engine in ROLLOUT_ENGINES:
             metrics[f"{engine}_tokens_per_s_no_preload"] = plain[engine]["tokens_per_s"]
-        for engine in ENGINES:
+        for engine in ROLLOUT_ENGINES:
             metrics[f"{engine}_preload_speedup"] = (
                 preloaded[engine]["tokens_per_s"] / plain[engine]["tokens_per_s"]
             )
     return metrics
 
 
-def _rollout_child(engine: str, quick: bool, env: dict[str, str], expected: list[str]) -> dict[str, float]:
+def _rollout_child(
+    engine: EngineName, quick: bool, env: dict[str, str], expected: list[str]
+) -> dict[str, float]:
     """Run :func:`measure_rollout` for ``engine`` in a fresh process with ``env`` (a preload acts only from
     a process's start); check that it mapped the ``expected`` libraries; print and return its figures."""
     import ctxrl
@@ -354,7 +358,7 @@ def _rollout_child(engine: str, quick: bool, env: dict[str, str], expected: list
     return figures
 
 
-def measure_rollout(engine_name: str, quick: bool) -> dict[str, float]:
+def measure_rollout(engine_name: EngineName, quick: bool) -> dict[str, float]:
     """Run the workload with one engine (``hf`` or ``vllm``) in this process; return ``tokens_per_s``
     (generated tokens per second inside ``generate``), ``env_steps_per_s`` (whole rollout) and
     ``longest_prompt`` (tokens)."""
@@ -374,8 +378,7 @@ def measure_rollout(engine_name: str, quick: bool) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="ctxrl-bench-rollout-") as tmp:
         model_dir = build_tiny_model(Path(tmp) / "model", seed=0)
         tokenizer = load_tokenizer_dir(model_dir)
-        name: Literal["hf", "vllm"] = "hf" if engine_name == "hf" else "vllm"
-        engine = make_engine(EngineConfig(name=name, max_model_len=8192), model_dir)
+        engine = make_engine(EngineConfig(name=engine_name, max_model_len=8192), model_dir)
         total = steps * len(tasks) * config.group_size
         bar = tqdm(total=total, desc=f"{engine_name} env steps", unit="step")
         try:
@@ -609,7 +612,7 @@ def _child_main(argv: list[str]) -> int:
     from ctxrl.errors import CtxrlError
 
     parser = argparse.ArgumentParser(prog="python -m ctxrl.commands.bench")
-    parser.add_argument("--engine", choices=ENGINES, required=True)
+    parser.add_argument("--engine", choices=ROLLOUT_ENGINES, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)

@@ -55,6 +55,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from ctxrl.train.engines import engine_spec
 from ctxrl.train.trajectory import EpisodeRecord, StepCost, StepRecord
 
 MAX_TOKENS = 8192
@@ -653,7 +654,7 @@ def _smollm2_step(sizes: StepSizes, tmp: Path) -> dict[str, float]:
     model_dir = get_model(sizes.model, tmp / "step-model" if sizes.model == "tiny" else None)
     tokenizer = load_tokenizer_dir(model_dir)
     policy = None
-    if sizes.engine == "scripted":
+    if engine_spec(sizes.engine).needs_policy:
         policy = text_policy(make_policy("file-manager"), tokenizer)
     engine = make_engine(
         EngineConfig(name=sizes.engine, max_model_len=4096), model_dir, tokenizer=tokenizer, policy=policy
@@ -700,7 +701,7 @@ def _smollm2_step(sizes: StepSizes, tmp: Path) -> dict[str, float]:
         update()
         update_s = time.perf_counter() - t1
         t2 = time.perf_counter()
-        if sizes.engine != "scripted":  # a scripted engine has no weights
+        if engine_spec(sizes.engine).weight_sync != "none":  # a scripted engine has no weights
             engine.update_weights(model)
         sync_s = time.perf_counter() - t2
     finally:
@@ -725,7 +726,9 @@ def _smollm2_step(sizes: StepSizes, tmp: Path) -> dict[str, float]:
         "smollm2_rollout_s": rollout_s,
         "smollm2_step_s": rollout_s + update_s + sync_s,
     }
-    if sizes.engine != "scripted":  # a scripted engine runs no model: its rollout does no model FLOPs
+    if engine_spec(
+        sizes.engine
+    ).has_model:  # a scripted engine runs no model: its rollout does no model FLOPs
         figures["rollout_flops_efficiency"] = rollout_flops(episodes, model) / rollout_s / matmul
         # decoding a small batch is bound by reading the weights once per pass, not by FLOPs
         weight_bytes = sum(p.numel() * p.element_size() for p in model.get_base_model().parameters())

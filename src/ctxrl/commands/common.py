@@ -105,8 +105,9 @@ def model_dir(config: RunConfig, out: Path) -> Path:
     folder = Path(config.model)
     if not folder.exists() and config.model in MODELS:  # a registry name: fetched once, then cached
         folder = get_model(config.model)
-    weights_here = not (config.engine.name == "scripted" or config.engine.server_url is not None)
-    if weights_here:  # a running server or a scripted policy needs only the tokenizer
+    from ctxrl.train.engines import engine_spec
+
+    if engine_spec(config.engine.name).loads_weights(config.engine):  # else only the tokenizer is read
         from ctxrl.train.engines.model_dir import check_causal_lm_dir
 
         check_causal_lm_dir(folder)
@@ -121,9 +122,10 @@ def resolve_model(config: RunConfig, out: Path | None) -> tuple[Path | None, Any
     model built into ``out/model``.
     """
     from ctxrl.env.tokenizer import load_tokenizer, load_tokenizer_dir
+    from ctxrl.train.engines import engine_spec
     from ctxrl.train.tiny_model import tiny_geometry
 
-    if config.model is None and config.engine.name == "scripted":
+    if config.model is None and not engine_spec(config.engine.name).has_model:
         return None, load_tokenizer(None), tiny_geometry()
     if config.model is None and out is None:
         raise UsageError(
@@ -193,13 +195,14 @@ def scripted_policy(spec: str | None, tokenizer: Any) -> Callable[[list[int]], s
 
 def build_engine(config: RunConfig, folder: Path | None, tokenizer: Any) -> Any:
     """The engine of ``config.engine`` on the model in ``folder`` (checked first, before any start-up)."""
-    from ctxrl.train.engines import make_engine
+    from ctxrl.train.engines import engine_spec, make_engine
     from ctxrl.train.engines.model_dir import check_causal_lm_dir
 
     cfg = config.engine
-    if cfg.name == "scripted":
+    spec = engine_spec(cfg.name)
+    if spec.needs_policy:
         return make_engine(cfg, folder, tokenizer=tokenizer, policy=scripted_policy(cfg.policy, tokenizer))
-    if cfg.name == "vllm-server" and cfg.server_url is not None:
+    if not spec.loads_weights(cfg):  # a running server
         return make_engine(cfg)
     assert folder is not None
     check_causal_lm_dir(folder)  # before a minute of engine start-up
@@ -213,7 +216,9 @@ def summary_engine(config: RunConfig, folder: Path | None, tokenizer: Any) -> tu
     summariser. A scripted policy has no model, so the summaries come from the run's model (``--model``)
     through the ``hf`` engine, which the caller closes; without a model it is a ConfigError naming the fix.
     """
-    if config.harness.modes.pressure.summariser != "engine" or config.engine.name != "scripted":
+    from ctxrl.train.engines import engine_spec
+
+    if config.harness.modes.pressure.summariser != "engine" or engine_spec(config.engine.name).has_model:
         return None, None
     from ctxrl.train.rollout import SCRIPTED_SUMMARISER
 

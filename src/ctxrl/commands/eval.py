@@ -41,6 +41,7 @@ from ctxrl.commands.common import (
 )
 from ctxrl.commands.config import RunConfig
 from ctxrl.errors import ConfigError
+from ctxrl.train.engines import engine_spec
 from ctxrl.train.eval_table import episode_row, flat_metrics, markdown, summary_table
 from ctxrl.train.trajectory import EpisodeRecord
 
@@ -60,7 +61,7 @@ def plan(config: RunConfig) -> dict[str, str]:
     from ctxrl.env.modes import MODES
     from ctxrl.env.policies import POLICY_MODES
 
-    if config.engine.name == "scripted":
+    if engine_spec(config.engine.name).needs_policy:
         policies = _names(config.eval.policies, list(POLICY_MODES), "policy")
         return {p: POLICY_MODES[p] for p in policies}
     return {m: m for m in _names(config.eval.modes, list(MODES), "mode")}
@@ -100,7 +101,7 @@ def eval_command(
         out = prepare_out(out, overwrite=overwrite)
     seeds = split_seeds(ev.split, ev.episodes)
     tasks = [make_task(f, s, ev.difficulty, split=ev.split) for f in families for s in seeds]
-    scripted = config.engine.name == "scripted"
+    scripted = engine_spec(config.engine.name).needs_policy
     folder, tokenizer, price = resolve_model(config, out)
     generate, summariser = summary_engine(config, folder, tokenizer)
 

@@ -45,6 +45,7 @@ from ctxrl.commands.common import (
 )
 from ctxrl.commands.config import RunConfig, load_run_config, to_dict
 from ctxrl.errors import UsageError
+from ctxrl.train.engines import engine_spec
 
 RESUMABLE_CHANGES = (
     "evolve.rounds",
@@ -162,7 +163,7 @@ def _check(config: RunConfig) -> None:
     from ctxrl.env.policies import POLICY_MODES
 
     mode, engine = config.rollout.mode, config.engine
-    if engine.name == "scripted":
+    if engine_spec(engine.name).needs_policy:
         if engine.policy is None:
             raise UsageError(
                 "engine.policy: evolution needs a policy that acts on the skill; give a scripted reference policy "
@@ -256,7 +257,11 @@ def evolve_command(
     def engine_for(repeat: int) -> Any:
         # a scripted reference policy with jitter draws per repeat (seed engine.seed + repeat), the same draw
         # for every skill; any other engine serves every repeat
-        if engine.name != "scripted" or engine.policy not in POLICY_MODES or not config.evolve.policy_jitter:
+        if (
+            not engine_spec(engine.name).needs_policy
+            or engine.policy not in POLICY_MODES
+            or not config.evolve.policy_jitter
+        ):
             return base
         if repeat not in engines:
             assert engine.policy is not None

@@ -33,6 +33,7 @@ from ctxrl.commands.common import (
 )
 from ctxrl.commands.config import RunConfig
 from ctxrl.errors import UsageError
+from ctxrl.train.engines import engine_spec
 from ctxrl.train.trajectory import EpisodeRecord
 
 
@@ -58,7 +59,7 @@ def check_recorder(config: RunConfig) -> None:
     from ctxrl.env.policies import POLICY_MODES
 
     engine = config.engine
-    if engine.name != "scripted" or engine.policy not in POLICY_MODES:
+    if not engine_spec(engine.name).needs_policy or engine.policy not in POLICY_MODES:
         raise UsageError(
             f"no --demos given, and engine.name={engine.name} engine.policy={engine.policy} is not a scripted "
             f"reference policy to record them with; pass --demos FILE or set engine.name=scripted "

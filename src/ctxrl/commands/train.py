@@ -22,6 +22,7 @@ from typing import Any
 from ctxrl.commands.common import build_engine, prepare_out, resolve_model, run_config, save_config
 from ctxrl.commands.config import RunConfig, to_dict
 from ctxrl.errors import UsageError
+from ctxrl.train.engines import engine_spec
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -39,7 +40,7 @@ def train_command(config: RunConfig, out: Path, *, overwrite: bool = False, resu
     from ctxrl.train.grpo import TaskBatches, check_setup, make_accelerator, train
 
     check_setup(config.train, config.rollout, config.tasks.count)
-    if config.engine.name == "scripted" or config.engine.server_url is not None:
+    if not engine_spec(config.engine.name).loads_weights(config.engine):
         raise UsageError(
             "training needs an engine that samples from the trained weights; set engine.name=vllm or hf"
         )

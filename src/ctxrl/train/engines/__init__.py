@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import typing
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ctxrl.errors import ConfigError
 from ctxrl.train.engines.base import (
@@ -28,10 +29,111 @@ from ctxrl.train.engines.base import (
 )
 from ctxrl.train.engines.model_dir import check_causal_lm_dir, load_tokenizer
 
-ENGINE_NAMES: tuple[str, ...] = typing.get_args(EngineName)
-
 Policy = Callable[[list[int]], str]
 """A scripted engine's policy: prompt ids -> action text."""
+
+Builder = Callable[[EngineConfig, Path | None, Any, Policy | None], Engine]
+"""``(config, model_dir, tokenizer, policy) -> engine``."""
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One engine in the registry: how it is built and what it can do.
+
+    Callers ask the capabilities (``ENGINES[config.name].has_model``), never the name: a new engine is one
+    entry here.
+    """
+
+    name: str
+    build: Builder
+    has_model: bool
+    """Generates from model weights (False: a scripted policy; it cannot summarise or be trained)."""
+    needs_policy: bool
+    """Built around a Python policy (``engine.policy``), not a model."""
+    connects: bool
+    """Can attach to a running server (``engine.server_url``) instead of loading ``model_dir``."""
+    token_io: bool
+    """Takes prompt ids and returns generated ids (every engine here: the trainer never re-tokenises)."""
+    logprobs: bool
+    """Returns each generated token's raw logprob (False: zeros)."""
+    weight_sync: Literal["in-process", "nccl", "none"]
+    """How ``update_weights`` reaches the generator: in this process, over NCCL to a ``trl vllm-serve``
+    server (CUDA only), or not at all."""
+    cached_tokens: bool
+    """Reports ``num_cached_tokens`` from a real prefix cache (a server: when it runs with the flag)."""
+
+    def loads_weights(self, config: EngineConfig) -> bool:
+        """Whether building it reads the weights in ``model_dir`` (checked first as a causal LM)."""
+        return self.has_model and not (self.connects and config.server_url is not None)
+
+
+def _vllm(cfg: EngineConfig, model_dir: Path | None, tokenizer: Any, policy: Policy | None) -> Engine:
+    from ctxrl.train.engines.vllm_engine import VLLMEngine
+
+    return VLLMEngine.load(_need_dir(cfg.name, model_dir), seed=cfg.seed, max_model_len=cfg.max_model_len)
+
+
+def _vllm_server(cfg: EngineConfig, model_dir: Path | None, tokenizer: Any, policy: Policy | None) -> Engine:
+    from ctxrl.train.engines.server import VLLMServer, VLLMServerEngine
+
+    if cfg.server_url is not None:
+        return VLLMServerEngine(cfg.server_url, timeout=cfg.request_timeout_s, retries=cfg.retries)
+    server = VLLMServer(
+        _need_dir(cfg.name, model_dir),
+        port=cfg.server_port,
+        dtype=cfg.dtype,
+        seed=cfg.seed,
+        startup_timeout=cfg.startup_timeout_s,
+        max_model_len=cfg.max_model_len,
+    ).start()
+    try:
+        return VLLMServerEngine(server.url, server=server, timeout=cfg.request_timeout_s, retries=cfg.retries)
+    except BaseException:
+        server.stop()
+        raise
+
+
+def _hf(cfg: EngineConfig, model_dir: Path | None, tokenizer: Any, policy: Policy | None) -> Engine:
+    from ctxrl.train.engines.hf import HFEngine
+
+    return HFEngine.load(
+        _need_dir(cfg.name, model_dir),
+        dtype=cfg.dtype,
+        seed=cfg.seed,
+        batch_size=cfg.batch_size,
+        max_model_len=cfg.max_model_len,
+    )
+
+
+def _scripted(cfg: EngineConfig, model_dir: Path | None, tokenizer: Any, policy: Policy | None) -> Engine:
+    from ctxrl.train.engines.scripted import ScriptedEngine
+
+    if policy is None:
+        raise ConfigError("the scripted engine needs a policy: callable(prompt_ids) -> action text")
+    if tokenizer is None:
+        tokenizer = load_tokenizer(_need_dir(cfg.name, model_dir))
+    return ScriptedEngine(policy, tokenizer, max_model_len=cfg.max_model_len)
+
+
+ENGINES: dict[str, EngineSpec] = {
+    spec.name: spec
+    for spec in (
+        EngineSpec("vllm", _vllm, True, False, False, True, True, "in-process", True),
+        EngineSpec("vllm-server", _vllm_server, True, False, True, True, True, "nccl", True),
+        EngineSpec("hf", _hf, True, False, False, True, True, "in-process", False),
+        EngineSpec("scripted", _scripted, False, True, False, True, False, "none", False),
+    )
+}
+ENGINE_NAMES: tuple[str, ...] = tuple(ENGINES)
+assert set(ENGINE_NAMES) == set(typing.get_args(EngineName)), "EngineName and ENGINES name the same engines"
+
+
+def engine_spec(name: str) -> EngineSpec:
+    """The registry entry of ``name``; :class:`~ctxrl.errors.ConfigError` naming the choices if unknown."""
+    try:
+        return ENGINES[name]
+    except KeyError:
+        raise ConfigError(f"unknown engine {name!r}; choose one of {', '.join(ENGINE_NAMES)}") from None
 
 
 def make_engine(
@@ -52,54 +154,10 @@ def make_engine(
     Every model-backed engine checks ``model_dir`` first: :class:`~ctxrl.errors.ModelLoadError` if it is not
     a causal LM, before anything starts.
     """
-    cfg = config if isinstance(config, EngineConfig) else _named(config)
-    if cfg.name == "vllm":
-        from ctxrl.train.engines.vllm_engine import VLLMEngine
-
-        return VLLMEngine.load(_need_dir(cfg.name, model_dir), seed=cfg.seed, max_model_len=cfg.max_model_len)
-    if cfg.name == "vllm-server":
-        from ctxrl.train.engines.server import VLLMServer, VLLMServerEngine
-
-        if cfg.server_url is not None:
-            return VLLMServerEngine(cfg.server_url, timeout=cfg.request_timeout_s, retries=cfg.retries)
-        server = VLLMServer(
-            _need_dir(cfg.name, model_dir),
-            port=cfg.server_port,
-            dtype=cfg.dtype,
-            seed=cfg.seed,
-            startup_timeout=cfg.startup_timeout_s,
-            max_model_len=cfg.max_model_len,
-        ).start()
-        try:
-            return VLLMServerEngine(
-                server.url, server=server, timeout=cfg.request_timeout_s, retries=cfg.retries
-            )
-        except BaseException:
-            server.stop()
-            raise
-    if cfg.name == "hf":
-        from ctxrl.train.engines.hf import HFEngine
-
-        return HFEngine.load(
-            _need_dir(cfg.name, model_dir),
-            dtype=cfg.dtype,
-            seed=cfg.seed,
-            batch_size=cfg.batch_size,
-            max_model_len=cfg.max_model_len,
-        )
-    from ctxrl.train.engines.scripted import ScriptedEngine
-
-    if policy is None:
-        raise ConfigError("the scripted engine needs a policy: callable(prompt_ids) -> action text")
-    if tokenizer is None:
-        tokenizer = load_tokenizer(_need_dir(cfg.name, model_dir))
-    return ScriptedEngine(policy, tokenizer, max_model_len=cfg.max_model_len)
-
-
-def _named(name: str) -> EngineConfig:
-    if name not in ENGINE_NAMES:
-        raise ConfigError(f"unknown engine {name!r}; choose one of {', '.join(ENGINE_NAMES)}")
-    return EngineConfig(name=name)  # type: ignore[arg-type]  # checked against the Literal just above
+    if not isinstance(config, EngineConfig):
+        config = EngineConfig(name=typing.cast(EngineName, engine_spec(config).name))
+    folder = None if model_dir is None else Path(model_dir)
+    return engine_spec(config.name).build(config, folder, tokenizer, policy)
 
 
 def _need_dir(name: str, model_dir: str | Path | None) -> Path:
@@ -109,14 +167,17 @@ def _need_dir(name: str, model_dir: str | Path | None) -> Path:
 
 
 __all__ = [
+    "ENGINES",
     "ENGINE_NAMES",
     "Engine",
     "EngineConfig",
+    "EngineSpec",
     "FinishReason",
     "Generation",
     "SamplingConfig",
     "Weights",
     "check_causal_lm_dir",
+    "engine_spec",
     "iter_named_weights",
     "load_tokenizer",
     "make_engine",
