@@ -95,3 +95,68 @@ def test_a_bad_shortcut_value_is_a_config_error() -> None:
 
     with pytest.raises(ConfigError, match="mode"):
         run_config(build_parser().parse_args(["rollout", "--mode", "files"]))
+
+
+# Fields that share a name across sections but are different settings, each with why.
+SAME_NAME_OTHER_SETTING = {
+    "lr": "GRPO's and SFT's learning rates are different knobs (1e-6 on-policy, 2e-5 supervised)",
+    "log_every": "train prints every step, SFT every 10 optimiser steps",
+    "split": "tasks trains on `train`, eval measures on `test`",
+    "enabled": "the tools mode is on, the pressure pass off: two features",
+    "gate": "the harness's edit gate vs the evolve gate (different types)",
+    "max_steps": "harness: task steps; rollout: None keeps the harness's; SFT: optimiser steps (0: epochs)",
+    "modes": "eval's list of modes vs the harness's per-mode settings",
+    "alpha": "the evolve gate's significance level vs the LoRA scaling",
+}
+
+
+def config_classes() -> set[type]:
+    """Every dataclass named ``*Config`` in ctxrl, and every dataclass reachable through their fields."""
+    import dataclasses
+    import importlib
+    import pkgutil
+    import typing
+
+    import ctxrl
+
+    found: set[type] = set()
+    for info in pkgutil.walk_packages(ctxrl.__path__, "ctxrl."):
+        module = importlib.import_module(info.name)
+        found |= {
+            obj
+            for name, obj in vars(module).items()
+            if isinstance(obj, type) and dataclasses.is_dataclass(obj) and name.endswith("Config")
+        }
+    todo = list(found)
+    while todo:
+        for hint in typing.get_type_hints(todo.pop()).values():
+            if isinstance(hint, type) and dataclasses.is_dataclass(hint) and hint not in found:
+                found.add(hint)
+                todo.append(hint)
+    return found
+
+
+def test_each_setting_has_one_default() -> None:
+    """A setting declared in two config classes with two defaults is two settings that drift (the trainer's
+    TIS cap was 2.0 and the loss's None): nest one class in the other instead."""
+    import dataclasses
+
+    defaults: dict[str, dict[str, object]] = {}
+    for cls in config_classes():
+        for f in dataclasses.fields(cls):
+            if f.default is not dataclasses.MISSING:
+                value = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                value = f.default_factory()
+            else:
+                continue
+            defaults.setdefault(f.name, {})[cls.__qualname__] = value
+    assert {"RunConfig", "TrainConfig", "LossConfig", "RewardConfig", "HarnessConfig", "EvolveConfig"} <= {
+        c.__qualname__ for c in config_classes()
+    }
+    drift = {
+        name: where
+        for name, where in defaults.items()
+        if name not in SAME_NAME_OTHER_SETTING and len({repr(v) for v in where.values()}) > 1
+    }
+    assert not drift, f"settings with two defaults: {drift}"

@@ -104,7 +104,7 @@ def _build(cls: type[T], data: Any, prefix: str) -> T:
     hints = typing.get_type_hints(cls)
     for key in data:
         if key not in fields:
-            raise ConfigError(_unknown_key_message(prefix + str(key), str(key), list(fields)))
+            raise ConfigError(_unknown_key_message(prefix, str(key), fields, hints))
     kwargs = {key: _coerce(hints[key], value, prefix + key) for key, value in data.items()}
     try:
         return cls(**kwargs)
@@ -114,10 +114,24 @@ def _build(cls: type[T], data: Any, prefix: str) -> T:
         raise ConfigError(f"{name}: {exc}") from None
 
 
-def _unknown_key_message(path: str, key: str, valid: list[str]) -> str:
-    near = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-    hint = f"; did you mean {near[0]!r}?" if near else f"; valid keys: {', '.join(sorted(valid))}"
-    return f"unknown config key {path!r}{hint}"
+def _unknown_key_message(prefix: str, key: str, fields: Mapping[str, Any], hints: Mapping[str, Any]) -> str:
+    """Names the key one section down when it lives there (``train.tis_cap`` is ``train.loss.tis_cap``),
+    else the nearest name in this section or the next one down, else the valid keys."""
+    down = {  # the last part -> the key path under this section
+        f"{name}.{sub.name}": sub.name
+        for name in fields
+        if dataclasses.is_dataclass(hints[name])
+        for sub in dataclasses.fields(hints[name])
+    }
+    moved = [path for path, last in down.items() if last == key]
+    if moved:
+        return f"unknown config key {prefix + key!r}; it is {' or '.join(repr(prefix + p) for p in moved)}"
+    near = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.5)
+    if not near:
+        lower = difflib.get_close_matches(key, list(down.values()), n=1, cutoff=0.75)
+        near = [path for path, last in down.items() if lower and last == lower[0]][:1]
+    hint = f"; did you mean {near[0]!r}?" if near else f"; valid keys: {', '.join(sorted(fields))}"
+    return f"unknown config key {prefix + key!r}{hint}"
 
 
 def _coerce(tp: Any, value: Any, path: str) -> Any:

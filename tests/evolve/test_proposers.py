@@ -88,7 +88,7 @@ def server() -> Iterator[Server]:
 
 
 def test_proposer_gets_valid_candidates_from_the_endpoint(server: Server) -> None:
-    proposer = OpenAIProposer(server.url, "m", api_key="k", temperature=0.5, max_tokens=300)
+    proposer = OpenAIProposer(OpenAIChat(server.url, "m", api_key="k", temperature=0.5, max_tokens=300))
     texts = proposer.propose(INC, [], 2, round=1)
     assert len(texts) == 2
     assert texts[0].startswith("---\nmode: tools") and texts[0].endswith("(variant 1).")  # stripped only
@@ -154,7 +154,9 @@ def test_closed_port_names_the_url() -> None:
     sock.close()  # nothing listens here now
     url = f"http://127.0.0.1:{port}/v1"
     with pytest.raises(CtxrlError) as info:
-        OpenAIProposer(url, "m", retries=1, backoff_s=0.0, timeout_s=2.0).propose(INC, [], 1, round=1)
+        OpenAIProposer(OpenAIChat(url, "m", retries=1, backoff_s=0.0, timeout_s=2.0)).propose(
+            INC, [], 1, round=1
+        )
     message = str(info.value)
     assert message.startswith(f"proposer endpoint {url}/chat/completions unreachable after 2 attempts (")
     assert "refused" in message.lower() and "\n" not in message
@@ -191,3 +193,31 @@ def test_engine_complete_renders_the_chat_and_decodes_one_generation() -> None:
     (prompt,) = seen
     rendered = tokenizer.decode(prompt)
     assert "write candidate 1" in rendered and rendered.rstrip().endswith("assistant")
+
+
+def test_the_client_is_built_from_the_evolve_section_and_shares_its_defaults() -> None:
+    from ctxrl.evolve.config import EvolveConfig
+
+    plain = OpenAIChat("http://127.0.0.1:1/v1", "m")
+    ev = EvolveConfig()
+    assert (plain.timeout_s, plain.retries, plain.temperature, plain.max_tokens) == (
+        ev.proposer_timeout_s,
+        ev.proposer_retries,
+        ev.proposer_temperature,
+        ev.proposer_max_tokens,
+    )
+    ev = EvolveConfig(
+        proposer="openai",
+        proposer_url="http://h/v1",
+        proposer_model="p",
+        proposer_retries=7,
+        proposer_max_tokens=99,
+    )
+    chat = OpenAIProposer.from_config(ev, api_key="k").chat
+    assert (chat.url, chat.model, chat.api_key, chat.retries, chat.max_tokens) == (
+        "http://h/v1/chat/completions",
+        "p",
+        "k",
+        7,
+        99,
+    )

@@ -82,7 +82,7 @@ def test_config_is_checked() -> None:
     with pytest.raises(ConfigError):
         AdvantageConfig(drop_zero_variance="all")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
-        token_advantages([1.0], [0.0, 0.0], [[1]])
+        token_advantages([1.0], [0.0, 0.0], [[1]], w_eff=0.25)
 
 
 # -- properties ----------------------------------------------------------------------------------------

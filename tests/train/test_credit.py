@@ -9,7 +9,7 @@ import pytest
 
 from ctxrl.errors import ConfigError
 from ctxrl.rewards.advantages import AdvantageConfig
-from ctxrl.train.credit import CreditConfig, Penalties, assign_credit, shaped_reward
+from ctxrl.train.credit import CreditConfig, Penalties, RewardConfig, assign_credit, shaped_reward
 
 REFERENCE = Penalties(no_tool_call=0.3, format_failure=0.2)
 
@@ -57,13 +57,19 @@ def test_penalties_only_on_failures(records: SimpleNamespace) -> None:
     malformed = records.step([1], [2], calls=("bash", "invalid_tool_call"))
     only_malformed = records.step([1], [2], calls=("invalid_tool_call",))
     fine = records.step([1], [2], calls=("bash",))
-    assert shaped_reward(records.episode([silent], success=False), penalties=REFERENCE) == -0.3
-    assert shaped_reward(records.episode([fine, malformed], success=False), penalties=REFERENCE) == -0.2
+    assert shaped_reward(records.episode([silent], success=False), RewardConfig(penalties=REFERENCE)) == -0.3
+    assert (
+        shaped_reward(records.episode([fine, malformed], success=False), RewardConfig(penalties=REFERENCE))
+        == -0.2
+    )
     # no well-formed call at all: the no-tool-call penalty, not both
-    assert shaped_reward(records.episode([only_malformed], success=False), penalties=REFERENCE) == -0.3
-    assert shaped_reward(records.episode([fine], success=False), penalties=REFERENCE) == 0.0
-    assert shaped_reward(records.episode([silent], success=True), penalties=REFERENCE) == 1.0
-    assert shaped_reward(records.episode([silent], success=False), penalties=Penalties()) == 0.0
+    assert (
+        shaped_reward(records.episode([only_malformed], success=False), RewardConfig(penalties=REFERENCE))
+        == -0.3
+    )
+    assert shaped_reward(records.episode([fine], success=False), RewardConfig(penalties=REFERENCE)) == 0.0
+    assert shaped_reward(records.episode([silent], success=True), RewardConfig(penalties=REFERENCE)) == 1.0
+    assert shaped_reward(records.episode([silent], success=False), RewardConfig(penalties=Penalties())) == 0.0
 
 
 def test_graded_reward_and_penalised_group(records: SimpleNamespace) -> None:
@@ -73,8 +79,8 @@ def test_graded_reward_and_penalised_group(records: SimpleNamespace) -> None:
         records.episode([fine], success=False, score=0.5),
         records.episode([silent], success=False, score=0.0),
     ]
-    assert shaped_reward(eps[0], penalties=REFERENCE, graded=True) == 0.5
-    credit = assign_credit(eps, CreditConfig(penalties=REFERENCE, graded=True))
+    assert shaped_reward(eps[0], RewardConfig(penalties=REFERENCE, graded=True)) == 0.5
+    credit = assign_credit(eps, CreditConfig(reward=RewardConfig(penalties=REFERENCE, graded=True)))
     assert [c.reward for c in credit] == [0.5, -0.3]
     # mean 0.1, std 0.4 -> +1, -1
     assert [c.task for c in credit] == pytest.approx([1, -1], abs=1e-5)
@@ -91,7 +97,7 @@ def test_an_early_submission_that_misses_a_value_earns_less_than_any_success(
         records.episode([step([1], [2]), step([1], [4])], index=1, cost=300.0),  # success, cheap
         records.episode([step([1], [4])], index=2, success=False, score=0.5, cost=100.0),  # early, half right
     ]
-    credit = assign_credit(eps, CreditConfig(penalties=REFERENCE, graded=True))
+    credit = assign_credit(eps, CreditConfig(reward=RewardConfig(penalties=REFERENCE, graded=True)))
     early = credit[2]
     assert early.reward < min(c.reward for c in credit[:2])
     worst_success = min(a for c in credit[:2] for s in c.steps for a in s)
@@ -101,7 +107,7 @@ def test_an_early_submission_that_misses_a_value_earns_less_than_any_success(
 def test_flops_cost_without_flops_is_a_config_error(records: SimpleNamespace) -> None:
     eps = [records.episode([records.step([1], [2])], index=i) for i in range(2)]
     with pytest.raises(ConfigError, match="geometry"):
-        assign_credit(eps, CreditConfig(cost_unit="flops"))
+        assign_credit(eps, CreditConfig(reward=RewardConfig(cost_unit="flops")))
 
 
 def test_negative_penalty_is_a_config_error() -> None:

@@ -76,7 +76,9 @@ def run(
     **fields: Any,
 ) -> TrainResult:
     """``train`` on one easy retention task, G = 2, with the two-style engine (``fields``: the train section)."""
-    config = load_config(TrainConfig, {"steps": 1, "penalties": {"no_tool_call": 0.3}, "lr": 1e-3, **fields})
+    config = load_config(
+        TrainConfig, {"steps": 1, "reward": {"penalties": {"no_tool_call": 0.3}}, "lr": 1e-3, **fields}
+    )
     return train(
         config,
         model_dir=model_dir,
@@ -273,7 +275,7 @@ def test_graded_reward_is_a_warm_up_that_ends_when_groups_hold_successes(
     a resume too, use success 1/0. Without it the run stays graded."""
 
     def go(out: Path, steps: int, resume: bool = False, **fields: Any) -> TrainResult:
-        config = load_config(TrainConfig, {"steps": steps, "lr": 1e-4, "graded": True, **fields})
+        config = load_config(TrainConfig, {"steps": steps, "lr": 1e-4, "reward": {"graded": True}, **fields})
         return train(
             config,
             model_dir=tiny_model_dir,
@@ -294,7 +296,7 @@ def test_graded_reward_is_a_warm_up_that_ends_when_groups_hold_successes(
     assert [m["train/graded"] for m in again.metrics] == [0.0]  # the switch survives the resume
     plain = go(tmp_path / "b", 2)
     assert [m["train/graded"] for m in plain.metrics] == [1.0, 1.0]
-    with pytest.raises(ConfigError, match=r"graded_until=0\.5 needs graded: true"):
+    with pytest.raises(ConfigError, match=r"graded_until=0\.5 needs reward\.graded: true"):
         load_config(TrainConfig, {"graded_until": 0.5})
 
 

@@ -343,10 +343,12 @@ def test_vllm_prompt_at_max_model_len_ends_cleanly(
     the next prompt, which no longer fits, ends the episode instead of reaching the engine."""
     max_len = vllm_engine.max_model_len
     task = make_task("retention", 3, "easy")
-    harness = HarnessConfig(budget=4 * max_len, reserve=64, max_steps=8)  # the harness never overflows first
+    harness = HarnessConfig(
+        budget=4 * max_len, reserve=64, max_steps=8, task_budget=False
+    )  # never overflows first
 
     def config(words: int, **fields: Any) -> RolloutConfig:
-        return RolloutConfig(group_size=1, skill="alpha " * words, task_budget=False, **fields)
+        return RolloutConfig(group_size=1, skill="alpha " * words, **fields)
 
     def first_prompt_len(words: int) -> int:
         probe = Recorder(ScriptedEngine(lambda ids: "", tiny_tokenizer, max_model_len=4 * max_len))

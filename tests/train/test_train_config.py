@@ -16,36 +16,38 @@ from ctxrl.train.rollout import RolloutConfig
 
 def test_defaults_follow_the_reference_run() -> None:
     cfg = TrainConfig()
-    assert (cfg.epsilon_low, cfg.epsilon_high, cfg.lr, cfg.tracker) == (0.2, 0.28, 1e-6, "none")
-    assert cfg.loss_config().epsilon_high == 0.28
+    assert (cfg.loss.epsilon_low, cfg.loss.epsilon_high, cfg.lr, cfg.tracker) == (0.2, 0.28, 1e-6, "none")
+    assert cfg.loss.tis_cap == 2.0
     credit = cfg.credit_config(AdvantageConfig(w_eff=0.5))
-    assert credit.advantages.w_eff == 0.5 and credit.penalties.no_tool_call == 0.0
+    assert credit.advantages.w_eff == 0.5 and credit.reward.penalties.no_tool_call == 0.0
 
 
 def test_the_train_section_loads_from_yaml_with_overrides(tmp_path: Path) -> None:
     path = tmp_path / "run.yaml"
     path.write_text(
-        "rollout:\n  group_size: 4\ntrain:\n  steps: 3\n  penalties:\n    no_tool_call: 0.3\n"
-        "    format_failure: 0.2\n  lora:\n    enabled: true\n    r: 8\n"
+        "rollout:\n  group_size: 4\ntrain:\n  steps: 3\n  reward:\n    penalties:\n      no_tool_call: 0.3\n"
+        "      format_failure: 0.2\n  lora:\n    enabled: true\n    r: 8\n"
     )
-    run = load_run_config(path, ["train.kl_coef=0.01", "train.lora.target_modules=[q_proj, v_proj]"])
+    run = load_run_config(path, ["train.loss.kl_coef=0.01", "train.lora.target_modules=[q_proj, v_proj]"])
     cfg = run.train
     assert (cfg.steps, run.rollout.group_size) == (3, 4)
-    assert (cfg.penalties.no_tool_call, cfg.penalties.format_failure) == (0.3, 0.2)
+    assert (cfg.reward.penalties.no_tool_call, cfg.reward.penalties.format_failure) == (0.3, 0.2)
     assert cfg.lora.enabled and cfg.lora.r == 8 and cfg.lora.target_modules == ("q_proj", "v_proj")
-    assert cfg.loss_config().kl_coef == 0.01
+    assert cfg.loss.kl_coef == 0.01
 
 
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("train.epsilon_low=1.5", "epsilon_low"),
-        ("train.tis_cap=0", "tis_cap"),
+        ("train.loss.epsilon_low=1.5", "epsilon_low"),
+        ("train.loss.tis_cap=0", "tis_cap"),
+        ("train.tis_cap=2", "unknown config key 'train.tis_cap'; it is 'train.loss.tis_cap'"),
+        ("train.graded=true", "it is 'train.reward.graded'"),
         ("train.lora.r=0", "lora.r"),
-        ("train.penalties.no_tool_call=-1", "no_tool_call"),
+        ("train.reward.penalties.no_tool_call=-1", "no_tool_call"),
         ("train.tracker=tensorboard", "train.tracker must be one of 'none', 'wandb'"),
         ("train.learning_rate=1e-5", "unknown config key 'train.learning_rate'"),
-        ("train.kl_coeff=0.1", "did you mean 'kl_coef'"),
+        ("train.kl_coeff=0.1", "did you mean 'loss.kl_coef'"),
         ("train.w_eff=0.1", "unknown config key 'train.w_eff'"),  # it lives in advantages
     ],
 )

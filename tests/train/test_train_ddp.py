@@ -40,7 +40,7 @@ ARGS = [
     "train.steps=2",
     "train.lr=1e-3",
     "train.weight_decay=0.1",
-    "train.kl_coef=0.1",
+    "train.loss.kl_coef=0.1",
 ]
 
 

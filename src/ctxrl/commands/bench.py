@@ -372,9 +372,9 @@ def measure_rollout(engine_name: EngineName, quick: bool) -> dict[str, float]:
 
     steps, new_tokens = (QUICK_STEPS, QUICK_NEW_TOKENS) if quick else (STEPS, NEW_TOKENS)
     tasks = [make_task("retention", seed, "easy") for seed in range(1 if quick else 2)]
-    config = RolloutConfig(group_size=1 if quick else 2, mode="file", task_budget=False)
+    config = RolloutConfig(group_size=1 if quick else 2, mode="file")
     sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=new_tokens, ignore_eos=True)
-    harness = HarnessConfig(budget=8192 if quick else 16384, reserve=1024, max_steps=steps)
+    harness = HarnessConfig(budget=8192 if quick else 16384, reserve=1024, max_steps=steps, task_budget=False)
     with tempfile.TemporaryDirectory(prefix="ctxrl-bench-rollout-") as tmp:
         model_dir = build_tiny_model(Path(tmp) / "model", seed=0)
         tokenizer = load_tokenizer_dir(model_dir)

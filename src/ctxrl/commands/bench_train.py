@@ -448,7 +448,7 @@ def _packed_vs_naive(model_dir: Path, tokenizer: Any, sizes: Sizes) -> dict[str,
     stats = row_stats(packed_rows, episodes)
     assert stats.naive_tokens == sum(len(r) for r in naive_rows), "one row per step is the naive layout"
     model, optimizer = _policy(model_dir)
-    loss_config, pad_id = LossConfig(), int(tokenizer.pad_token_id or 0)
+    loss_config, pad_id = LossConfig(tis_cap=None), int(tokenizer.pad_token_id or 0)
 
     def step(rows: Sequence[Any]) -> Callable[[], None]:
         def run() -> None:
@@ -664,7 +664,7 @@ def _smollm2_step(sizes: StepSizes, tmp: Path) -> dict[str, float]:
     )
     model = load_policy(model_dir, config).train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
-    loss_config, pad_id = config.loss_config(), int(tokenizer.pad_token_id or 0)
+    loss_config, pad_id = config.loss, int(tokenizer.pad_token_id or 0)
     task = make_task("retention", 0, sizes.difficulty, split="train")
     try:
         t0 = time.perf_counter()

@@ -215,16 +215,7 @@ def _proposer(config: RunConfig, engine: Any, tokenizer: Any) -> Any:
     if ev.proposer == "offline":
         return OfflineProposer()
     if ev.proposer == "openai":
-        assert ev.proposer_url is not None  # EvolveConfig checks it
-        return OpenAIProposer(
-            ev.proposer_url,
-            ev.proposer_model,
-            api_key=os.environ.get(ev.proposer_api_key_env) or None,
-            timeout_s=ev.proposer_timeout_s,
-            retries=ev.proposer_retries,
-            temperature=ev.proposer_temperature,
-            max_tokens=ev.proposer_max_tokens,
-        )
+        return OpenAIProposer.from_config(ev, api_key=os.environ.get(ev.proposer_api_key_env) or None)
     sampling = SamplingConfig(temperature=ev.proposer_temperature, max_new_tokens=ev.proposer_max_tokens)
     return ChatProposer(engine_complete(engine, tokenizer, sampling))
 

@@ -23,6 +23,11 @@ class HarnessConfig:
 
     budget: int = 32000
     """Context budget in tokens (pinned prefix + editable region + generation prompt)."""
+    task_budget: bool = True
+    """Size each episode from its task instead: the task's budget in the policy tokenizer's tokens
+    (:meth:`Task.budget_for`), its step limit, and ``reserve`` and ``rollback_margin`` at most an eighth of
+    that budget. False: ``budget`` and ``max_steps`` as given (the reference harness's 32k). Rollouts, evals,
+    the export check and the Gymnasium env all apply it through :func:`ctxrl.env.episode.episode_config`."""
     readout: bool | None = None
     """Show the ``[context: n/limit tokens]`` readout on every tool result; None: the mode's own default
     (its seed's: on in file mode only; :class:`ctxrl.env.budget.BudgetFeatures`)."""

@@ -81,19 +81,18 @@ def episode_config(
     count_tokens: Callable[[str], int],
     base: HarnessConfig | None = None,
     *,
-    task_budget: bool = True,
     max_steps: int | None = None,
     sandbox: SandboxConfig | None = None,
 ) -> HarnessConfig:
     """The harness config of an episode of ``task``.
 
-    ``base`` (default: the defaults) with, when ``task_budget``, the task's budget converted to the policy
-    tokenizer's tokens (``count_tokens``: text -> tokens; see :meth:`Task.budget_for`), the task's step
+    ``base`` (default: the defaults) with, when ``base.task_budget``, the task's budget converted to the
+    policy tokenizer's tokens (``count_tokens``: text -> tokens; see :meth:`Task.budget_for`), the task's step
     limit, and reserve and rollback margin at most an eighth of the budget. ``max_steps`` (which also lifts
     the LM-call cap to its default for that limit) and ``sandbox`` then override.
     """
     cfg = base or HarnessConfig()
-    if task_budget:
+    if cfg.task_budget:
         budget = task.budget_for(count_tokens)
         cfg = replace(
             cfg,

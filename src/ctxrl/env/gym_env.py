@@ -144,9 +144,7 @@ class ContextEnv(gym.Env[str, str]):
             self.mode_name,
             self.builder,
             workspace=self.workdir / f"episode-{self._episodes:06d}",
-            config=episode_config(
-                task, self.builder.count, self.base_config, task_budget=self.base_config is None
-            ),
+            config=episode_config(task, self.builder.count, self.base_config),
             skill=options.get("skill", self.skill),
         )
         self._episode.reset()

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 from ctxrl.env.skills import COMPACT_PATTERN, COMPACT_SENTENCE, DEFAULT_COMPACT_PERCENT, compact_percent
 from ctxrl.errors import CtxrlError
+from ctxrl.evolve.config import EvolveConfig
 from ctxrl.evolve.notes import ContrastNote, render_notes
 from ctxrl.evolve.skill import MAX_BODY_CHARS, Skill
 
@@ -120,6 +121,7 @@ def engine_complete(engine: Any, tokenizer: Any, sampling: Any) -> Callable[[lis
 # ------------------------------------------------------------------------------------------- HTTP
 
 _RETRY_STATUS = (408, 429, 500, 502, 503, 504)
+_EVOLVE = EvolveConfig()  # the client's defaults are the evolve section's: one home per setting
 
 
 @dataclass
@@ -130,14 +132,29 @@ class OpenAIChat:
     """E.g. ``http://127.0.0.1:8000/v1`` (a vLLM server) or ``https://api.openai.com/v1``."""
     model: str
     api_key: str | None = None
-    timeout_s: float = 120.0
-    retries: int = 3
+    timeout_s: float = _EVOLVE.proposer_timeout_s
+    retries: int = _EVOLVE.proposer_retries
     """Attempts after the first, on connection errors, timeouts, HTTP 408/429/5xx."""
     backoff_s: float = 2.0
     """Wait before retry i: backoff_s * 2**i."""
-    temperature: float = 0.9
-    max_tokens: int = 2048
+    temperature: float = _EVOLVE.proposer_temperature
+    max_tokens: int = _EVOLVE.proposer_max_tokens
     sleep: Callable[[float], None] = time.sleep
+
+    @classmethod
+    def from_config(cls, config: EvolveConfig, api_key: str | None = None) -> OpenAIChat:
+        """The client of ``config.proposer_*`` (url, model, timeout, retries, temperature, max tokens)."""
+        if not config.proposer_url:
+            raise ProposerError("proposer=openai needs evolve.proposer_url")
+        return cls(
+            config.proposer_url,
+            config.proposer_model,
+            api_key=api_key,
+            timeout_s=config.proposer_timeout_s,
+            retries=config.proposer_retries,
+            temperature=config.proposer_temperature,
+            max_tokens=config.proposer_max_tokens,
+        )
 
     @property
     def url(self) -> str:
@@ -197,8 +214,13 @@ def _content(raw: bytes, url: str) -> str:
 class OpenAIProposer:
     """A :class:`ChatProposer` over an OpenAI-compatible endpoint (options: those of :class:`OpenAIChat`)."""
 
-    def __init__(self, base_url: str, model: str, **options: Any) -> None:
-        self.chat = OpenAIChat(base_url, model, **options)
+    def __init__(self, chat: OpenAIChat) -> None:
+        self.chat = chat
+
+    @classmethod
+    def from_config(cls, config: EvolveConfig, api_key: str | None = None) -> OpenAIProposer:
+        """The proposer of an evolve section with ``proposer: openai``."""
+        return cls(OpenAIChat.from_config(config, api_key))
 
     def propose(self, incumbent: Skill, notes: Sequence[ContrastNote], n: int, *, round: int) -> list[str]:
         return ChatProposer(self.chat).propose(incumbent, notes, n, round=round)

@@ -131,7 +131,7 @@ def efficiency_advantages(
 
 
 def token_advantages(
-    task_adv: ArrayLike, eff_adv: ArrayLike, masks: Sequence[ArrayLike], *, w_eff: float = 0.25
+    task_adv: ArrayLike, eff_adv: ArrayLike, masks: Sequence[ArrayLike], *, w_eff: float
 ) -> list[FloatArray]:
     """Per-token advantages ``A[i,t] = task_adv[i] + w_eff · eff_adv[i] · masks[i][t]``.
 

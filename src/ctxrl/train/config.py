@@ -8,7 +8,7 @@ episode limits), sampling, the harness, the advantages (``advantages``: ``w_eff`
 ``drop_zero_variance``) and the run folder (the command's ``--out``).
 
 Defaults follow the reference run where it has one (clip 0.2 / 0.28, Adam lr 1e-6); its KL 0.01 and failure
-penalties 0.3 / 0.2 are options here (``kl_coef``, ``penalties``), off by default, because the KL needs a
+penalties 0.3 / 0.2 are options here (``loss.kl_coef``, ``reward.penalties``), off by default, because the KL needs a
 reference forward pass and the penalties change what the task channel sees.
 """
 
@@ -19,7 +19,7 @@ from typing import Literal
 
 from ctxrl.errors import ConfigError
 from ctxrl.rewards.advantages import AdvantageConfig
-from ctxrl.train.credit import CreditConfig, Penalties
+from ctxrl.train.credit import CreditConfig, RewardConfig
 from ctxrl.train.loss import LossConfig
 
 
@@ -65,18 +65,16 @@ class TrainConfig:
 
     steps: int = 100
     """Optimiser rounds: one rollout each (``updates_per_rollout`` optimiser steps per rollout)."""
-    penalties: Penalties = field(default_factory=Penalties)
-    """Reward penalties on failed episodes (the reference run: no_tool_call 0.3, format_failure 0.2)."""
-    graded: bool = False
-    """Task reward = the verifier's graded score (fraction right) instead of success 1/0."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """The task reward (success 1/0 or graded), failure penalties, and the efficiency channel's cost unit."""
     graded_until: float | None = None
-    """With ``graded``, the graded score is a warm-up only: after the first step in which at least this
+    """With ``reward.graded``, the graded score is a warm-up only: after the first step in which at least this
     fraction of the step's groups held a success (binary reward with variance), the task reward is success
     1/0 for the rest of the run (resume included). A graded score rewards a policy that submits early with
     half the values as much as one that read everything and got half; success does not. Null: graded
     throughout."""
-    cost_unit: Literal["tokens", "flops"] = "tokens"
-    """What the efficiency channel compares: replayed computed tokens or FLOPs."""
+    loss: LossConfig = field(default_factory=LossConfig)
+    """The clipped surrogate's clip range, the KL weight and the TIS cap."""
 
     lr: float = 1e-6
     """AdamW learning rate."""
@@ -84,14 +82,6 @@ class TrainConfig:
     """AdamW weight decay."""
     max_grad_norm: float | None = 1.0
     """Clip the gradient norm to this before each step; null disables clipping."""
-    epsilon_low: float = 0.2
-    """Lower clip of the ratio (1 - epsilon_low)."""
-    epsilon_high: float = 0.28
-    """Upper clip of the ratio (1 + epsilon_high), clip-higher."""
-    kl_coef: float = 0.0
-    """Weight of the k3 KL to the reference (the initial model; with LoRA the adapter disabled)."""
-    tis_cap: float | None = 2.0
-    """Cap of the truncated importance weight for the engine-vs-trainer mismatch; null disables it."""
     updates_per_rollout: int = 1
     """Optimiser steps per rollout batch (its episodes split evenly); >1 makes later updates off-policy,
     which is what the clip is for, and costs one extra forward pass for the old logprobs."""
@@ -133,9 +123,9 @@ class TrainConfig:
             raise ConfigError(
                 f"max_grad_norm must be > 0 (or null to disable clipping), got {self.max_grad_norm}"
             )
-        if self.graded_until is not None and not (self.graded and 0 < self.graded_until <= 1):
+        if self.graded_until is not None and not (self.reward.graded and 0 < self.graded_until <= 1):
             raise ConfigError(
-                f"graded_until={self.graded_until} needs graded: true and a fraction of groups in (0, 1]"
+                f"graded_until={self.graded_until} needs reward.graded: true and a fraction of groups in (0, 1]"
             )
         if self.updates_per_rollout < 1:
             raise ConfigError(f"updates_per_rollout must be >= 1, got {self.updates_per_rollout}")
@@ -143,21 +133,7 @@ class TrainConfig:
             raise ConfigError(f"max_tokens_per_microbatch must be >= 2, got {self.max_tokens_per_microbatch}")
         if self.save_every < 0 or self.log_every < 1:
             raise ConfigError("save_every must be >= 0 and log_every >= 1")
-        self.loss_config()  # the loss config checks its own ranges; build it so errors surface at load
-
-    def loss_config(self) -> LossConfig:
-        return LossConfig(
-            epsilon_low=self.epsilon_low,
-            epsilon_high=self.epsilon_high,
-            kl_coef=self.kl_coef,
-            tis_cap=self.tis_cap,
-        )
 
     def credit_config(self, advantages: AdvantageConfig) -> CreditConfig:
-        """The credit settings: this section's penalties, grading and cost unit with the run's advantages."""
-        return CreditConfig(
-            advantages=advantages,
-            penalties=self.penalties,
-            graded=self.graded,
-            cost_unit=self.cost_unit,
-        )
+        """The credit settings: the run's ``advantages`` with this section's ``reward``."""
+        return CreditConfig(advantages=advantages, reward=self.reward)

@@ -1,16 +1,17 @@
 """Credit assignment for training: from episode records to one advantage per generated token.
 
-    credit = assign_credit(episodes, CreditConfig(penalties=Penalties(no_tool_call=0.3, format_failure=0.2)))
+    reward = RewardConfig(penalties=Penalties(no_tool_call=0.3, format_failure=0.2))
+    credit = assign_credit(episodes, CreditConfig(reward=reward))
     credit[i].steps[k][t]     # advantage of generated token t of step k of episode i
     credit[i].dropped         # its group carries no signal (drop_zero_variance) and is left out of training
 
 Per episode the reward is its task reward (success 1/0, or the verifier's graded score with
-``graded=True``), minus the reference run's penalties on *failed* episodes only: ``no_tool_call`` when the
+``RewardConfig.graded``), minus the reference run's penalties on *failed* episodes only: ``no_tool_call`` when the
 episode made no well-formed tool call at all, else ``format_failure`` when any call was malformed (the two
 never stack). Episodes are grouped by ``EpisodeRecord.group`` (the G episodes of one task) and passed to
 :func:`ctxrl.rewards.advantages.group_advantages` with the episode's edit masks concatenated over its steps,
 so ``A[i,t] = r_i + w_eff · a_eff_i · m_i[t]``; the result is split back per step. The efficiency channel
-prices episodes by ``cost_unit`` (replayed computed tokens or FLOPs) and counts an episode as clean when it
+prices episodes by ``RewardConfig.cost_unit`` (replayed computed tokens or FLOPs) and counts an episode as clean when it
 ended by an explicit submit.
 """
 
@@ -46,17 +47,25 @@ class Penalties:
 
 
 @dataclass(frozen=True)
-class CreditConfig:
-    """How rewards and advantages are made from episodes."""
+class RewardConfig:
+    """What an episode's reward is and what its cost is measured in (the ``train.reward`` section)."""
 
-    advantages: AdvantageConfig = field(default_factory=AdvantageConfig)
-    """The two channels (``w_eff``, std scaling, efficiency method) and ``drop_zero_variance``."""
     penalties: Penalties = field(default_factory=Penalties)
-    """Penalties on failed episodes."""
+    """Penalties on failed episodes (the reference run: no_tool_call 0.3, format_failure 0.2)."""
     graded: bool = False
     """Use the verifier's graded score (fraction right) as the task reward instead of success 1/0."""
     cost_unit: Literal["tokens", "flops"] = "tokens"
     """What the efficiency channel compares: replayed computed tokens or replayed FLOPs."""
+
+
+@dataclass(frozen=True)
+class CreditConfig:
+    """How rewards and advantages are made from episodes: the run's ``advantages`` and ``train.reward``."""
+
+    advantages: AdvantageConfig = field(default_factory=AdvantageConfig)
+    """The two channels (``w_eff``, std scaling, efficiency method) and ``drop_zero_variance``."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Penalties, graded or success reward, cost unit."""
 
 
 @dataclass(frozen=True)
@@ -75,13 +84,13 @@ class EpisodeCredit:
     """The episode's group was dropped by ``drop_zero_variance``: train on none of its tokens."""
 
 
-def shaped_reward(episode: EpisodeRecord, *, penalties: Penalties, graded: bool = False) -> float:
-    """The task reward of ``episode`` (score if ``graded`` else reward) less the failure penalties.
+def shaped_reward(episode: EpisodeRecord, reward: RewardConfig) -> float:
+    """The task reward of ``episode`` (score if ``reward.graded`` else reward) less ``reward.penalties``.
 
     ``no_tool_call`` applies when no step called a well-formed tool; otherwise ``format_failure`` applies
     when any call was malformed. Successful episodes are never penalised.
     """
-    base = float(episode.score if graded else episode.reward)
+    base, penalties = float(episode.score if reward.graded else episode.reward), reward.penalties
     if episode.success:
         return base
     calls = [name for step in episode.steps for name in step.tool_calls]
@@ -116,7 +125,7 @@ def assign_credit(
     out: list[EpisodeCredit | None] = [None] * len(episodes)
     for members in groups.values():
         eps = [episodes[i] for i in members]
-        rewards = [shaped_reward(ep, penalties=cfg.penalties, graded=cfg.graded) for ep in eps]
+        rewards = [shaped_reward(ep, cfg.reward) for ep in eps]
         masks = [[m for step in ep.steps for m in step.edit_mask] for ep in eps]
         for ep, mask in zip(eps, masks):
             if len(mask) != ep.num_generated:
@@ -126,7 +135,7 @@ def assign_credit(
                 )
         result = group_advantages(
             rewards,
-            [episode_cost(ep, cfg.cost_unit) for ep in eps],
+            [episode_cost(ep, cfg.reward.cost_unit) for ep in eps],
             [ep.success for ep in eps],
             masks,
             clean=[ep.end_reason == "submit" for ep in eps],

@@ -562,9 +562,7 @@ def heldout_prompts(ckpt: RunCheckpoint, folder: Path, count: int, max_len: int)
     with tempfile.TemporaryDirectory(prefix="ctxrl-export-") as tmp:
         source = BuiltinTaskSource(families, difficulty or "default")
         for i, task in enumerate(source.tasks("dev", 4 * count)):
-            config = episode_config(
-                task, builder.count, harness, task_budget=rollout.task_budget, max_steps=rollout.max_steps
-            )
+            config = episode_config(task, builder.count, harness, max_steps=rollout.max_steps)
             episode = TaskEpisode(
                 task,
                 rollout.mode,

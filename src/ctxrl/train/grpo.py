@@ -209,7 +209,7 @@ def train(
     # ---- model, reference, optimiser -------------------------------------------------------------------
     model = load_policy(model_dir, config)
     reference = None
-    if config.kl_coef > 0 and not config.lora.enabled:
+    if config.loss.kl_coef > 0 and not config.lora.enabled:
         reference = copy.deepcopy(model).eval().requires_grad_(False).to(acc.device)
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=config.lr, weight_decay=config.weight_decay
@@ -223,11 +223,11 @@ def train(
     sizes = layout_sizes(policy)
     pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
     state = load_checkpoint(out, policy, optimizer, rank) if resume else {}
-    start, graded = int(state.get("step", 0)), bool(state.get("graded", config.graded))
+    start, graded = int(state.get("step", 0)), bool(state.get("graded", config.reward.graded))
     if start > 0:
         engine.update_weights(policy)  # the engine was built on the initial weights
     geometry = _geometry(policy)
-    credit_config, loss_config = config.credit_config(advantages), config.loss_config()
+    credit_config, loss_config = config.credit_config(advantages), config.loss
     history: list[dict[str, float]] = []
     metrics_path = out / METRICS
     tracker: Tracker = NoTracker()
@@ -257,7 +257,7 @@ def train(
         rollout_s = time.perf_counter() - t0
 
         # ---- 2. credit: shaped rewards -> per-token advantages; drop groups without signal --------------
-        credit = assign_credit(episodes, replace(credit_config, graded=graded))
+        credit = assign_credit(episodes, replace(credit_config, reward=replace(config.reward, graded=graded)))
         graded_now = graded
         if graded and config.graded_until is not None:  # the warm-up ends for good once groups have successes
             solved = torch.tensor(_groups_with_success(episodes), dtype=torch.float64, device=acc.device)
@@ -317,7 +317,7 @@ def train(
                 scale=token_mean_scale(world),
                 old_logprobs=None if olds is None else olds[u],
                 reference=(lambda unit: _reference_logprobs(policy, reference, unit, acc.device))
-                if config.kl_coef > 0
+                if config.loss.kl_coef > 0
                 else None,
                 backward=acc.backward,
                 sync=lambda last: _sync_context(acc, model, last),
@@ -620,7 +620,7 @@ def save_checkpoint(
             json.dumps(
                 {
                     "step": step,
-                    "graded": config.graded if graded is None else graded,
+                    "graded": config.reward.graded if graded is None else graded,
                     "config": asdict(config),
                 },
                 indent=1,

@@ -41,9 +41,11 @@ class LossConfig:
     epsilon_high: float = 0.28
     """Upper clip: the ratio is clipped at ``1 + epsilon_high`` (clip-higher)."""
     kl_coef: float = 0.0
-    """Weight of the k3 KL to the reference policy; 0 disables it (no reference forward is needed)."""
-    tis_cap: float | None = None
-    """Cap C of the truncated importance weight ``min(π_trainer / π_engine, C)``; None disables it."""
+    """Weight of the k3 KL to the reference policy (the initial model; with LoRA the adapter disabled); 0
+    disables it (no reference forward is needed)."""
+    tis_cap: float | None = 2.0
+    """Cap C of the truncated importance weight ``min(π_trainer / π_engine, C)`` for the engine-vs-trainer
+    mismatch; None disables it."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.epsilon_low < 1:

@@ -69,9 +69,6 @@ class RolloutConfig:
     """Context-management mode (a name in the mode registry, :data:`ctxrl.env.modes.MODES`)."""
     skill: str | None = None
     """Skill text in the system prompt; None: the mode's default skill."""
-    task_budget: bool = True
-    """Size each episode's budget and step limit from its task (in the policy tokenizer's tokens, see
-    :func:`ctxrl.env.episode.episode_config`); false: the harness section's budget and max_steps as given."""
     max_steps: int | None = None
     """Override of the task-step limit (e.g. short episodes in tests); None keeps it."""
     workers: int = 8
@@ -377,7 +374,7 @@ def rollout(
     """Run ``config.group_size`` episodes of every task in ``tasks``, all at once, until every one ends.
 
     ``tokenizer`` is the policy's (its chat template builds the prompts). ``harness`` is the base harness
-    config of every episode (default: the defaults; see :attr:`RolloutConfig.task_budget`), ``sampling``
+    config of every episode (default: the defaults; see :attr:`HarnessConfig.task_budget`), ``sampling``
     the settings of every generate call (default: :class:`SamplingConfig`'s). ``skills``, one
     per task (None: ``config.skill``), lets the episodes of one batch carry different skills. Workspaces
     live under ``workdir`` (a temporary folder, removed afterwards, when None). ``geometry`` prices the
@@ -408,9 +405,7 @@ def rollout(
     root.mkdir(parents=True, exist_ok=True)
 
     def make(g: int, task: Task, i: int) -> _Episode:
-        config = episode_config(
-            task, builder.count, harness, task_budget=cfg.task_budget, max_steps=cfg.max_steps
-        )
+        config = episode_config(task, builder.count, harness, max_steps=cfg.max_steps)
         skill = skills[g] if skills is not None and skills[g] is not None else cfg.skill
         episode = TaskEpisode(
             task,
