@@ -30,7 +30,7 @@ from ctxrl.train.config import LoraSettings, TrainConfig
 from ctxrl.train.credit import CreditConfig, assign_credit
 from ctxrl.train.engines import EngineConfig, SamplingConfig, make_engine
 from ctxrl.train.engines.scripted import text_policy
-from ctxrl.train.grpo import load_policy
+from ctxrl.train.policy import load_policy
 from ctxrl.train.models import get_model
 from ctxrl.train.rollout import RolloutConfig, rollout
 from ctxrl.train.rows import build_layout, episode_rows, layout_flops

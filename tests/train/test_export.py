@@ -39,8 +39,9 @@ def make_run(run: Path, base: Path, *, lora: bool, steps: tuple[int, ...] = (3,)
     from accelerate import Accelerator
 
     from ctxrl.config import load_config
+    from ctxrl.train.checkpoint import save_checkpoint
     from ctxrl.train.config import TrainConfig
-    from ctxrl.train.grpo import load_policy, save_checkpoint
+    from ctxrl.train.policy import load_policy
 
     config = load_config(TrainConfig, {"lora": {"enabled": lora, "r": 4}})
     policy = load_policy(base, config)

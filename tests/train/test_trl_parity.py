@@ -45,8 +45,8 @@ from ctxrl.commands.bench_train import (
 from ctxrl.rewards.advantages import AdvantageConfig
 from ctxrl.train.config import TrainConfig
 from ctxrl.train.credit import CreditConfig, assign_credit
-from ctxrl.train.grpo import load_policy
 from ctxrl.train.loss import LossConfig
+from ctxrl.train.policy import load_policy
 from ctxrl.train.rows import Microbatch, Row, episode_rows
 
 ATOL = 1e-5

@@ -417,7 +417,7 @@ def _policy(model_dir: Path) -> tuple[Any, Any]:
     import torch
 
     from ctxrl.train.config import TrainConfig
-    from ctxrl.train.grpo import load_policy
+    from ctxrl.train.policy import load_policy
 
     model = load_policy(model_dir, TrainConfig()).train()
     return model, torch.optim.AdamW(model.parameters(), lr=1e-6)
@@ -645,8 +645,8 @@ def _smollm2_step(sizes: StepSizes, tmp: Path) -> dict[str, float]:
     from ctxrl.train.credit import CreditConfig, assign_credit
     from ctxrl.train.engines import EngineConfig, SamplingConfig, make_engine
     from ctxrl.train.engines.scripted import text_policy
-    from ctxrl.train.grpo import load_policy
     from ctxrl.train.models import get_model
+    from ctxrl.train.policy import load_policy
     from ctxrl.train.rollout import RolloutConfig, rollout
     from ctxrl.train.rows import episode_rows, layout_flops, layout_kind, pack_rows, plain_units
     from ctxrl.train.update import backward_layout, layout_sizes, make_layout

@@ -37,7 +37,8 @@ def train_command(config: RunConfig, out: Path, *, overwrite: bool = False, resu
     Under ``accelerate launch`` the main rank prepares the folder (and builds the tiny model) while the
     others wait; every rank then builds its own engine, seeded ``engine.seed + rank``.
     """
-    from ctxrl.train.grpo import TaskBatches, check_setup, make_accelerator, train
+    from ctxrl.train.distributed import make_accelerator
+    from ctxrl.train.grpo import TaskBatches, check_setup, train
 
     check_setup(config.train, config.rollout, config.tasks.count)
     if not engine_spec(config.engine.name).loads_weights(config.engine):

@@ -4,7 +4,7 @@
     result = export_run(Path("runs/r1"), Path("exports/r1"), step=20, verify=False)
     result = export_run(Path("runs/r1"), Path("exports/r1-lora"), adapter_only=True)
 
-**Where the checkpoint is.** :func:`ctxrl.train.grpo.save_checkpoint` writes
+**Where the checkpoint is.** :func:`ctxrl.train.checkpoint.save_checkpoint` writes
 ``RUN/checkpoints/step-NNNNNN/model/`` (``save_pretrained`` of the policy: the full model, or the peft LoRA
 adapter) and a ``latest`` file naming the newest step folder. The base model (for an adapter, and for the
 tokenizer, which the checkpoint does not hold) is the run's model: the checkpoint's ``state.json`` config
@@ -55,9 +55,8 @@ from typing import Any
 import yaml
 
 from ctxrl.errors import ConfigError, CtxrlError, ModelLoadError, UsageError
+from ctxrl.train.run_folder import CHECKPOINTS, LATEST
 
-CHECKPOINTS = "checkpoints"  # the layout of ctxrl.train.grpo.save_checkpoint
-LATEST = "latest"
 ADAPTER_CONFIG = "adapter_config.json"
 EXPORT_META = "ctxrl_export.json"
 SKILL_FILE = "SKILL.md"

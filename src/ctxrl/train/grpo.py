@@ -38,20 +38,15 @@ engine's seed: its rollouts repeat a killed run's only with a deterministic engi
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import hashlib
 import json
 import os
-import random
-import shutil
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from ctxrl.env.config import HarnessConfig
@@ -60,23 +55,19 @@ from ctxrl.env.tasks.registry import FAMILIES, make_task
 from ctxrl.env.tasks.splits import split_seeds
 from ctxrl.errors import ConfigError, UsageError
 from ctxrl.rewards.advantages import AdvantageConfig
-from ctxrl.rewards.cost import ModelGeometry
+from ctxrl.train.checkpoint import load_checkpoint, save_checkpoint, seed_everything, trainable_sha256
 from ctxrl.train.config import TrainConfig
-from ctxrl.train.credit import EpisodeCredit, assign_credit
+from ctxrl.train.credit import assign_credit
+from ctxrl.train.distributed import configure_deepspeed, make_accelerator
 from ctxrl.train.engines.base import Engine, SamplingConfig
-from ctxrl.train.keep import load_kept_adapter
 from ctxrl.train.logprobs import packing_supported
-from ctxrl.train.loss import LossStats, token_mean_scale
+from ctxrl.train.policy import geometry, load_policy, reference_logprobs
 from ctxrl.train.rollout import RolloutConfig, rollout
-from ctxrl.train.rows import LayoutUnit, Row, episode_rows, layout_kind, row_stats
+from ctxrl.train.rows import episode_rows
+from ctxrl.train.run_folder import CHECKPOINTS, METRICS, RANKS, truncate_metrics
+from ctxrl.train.step_metrics import groups_with_success, progress_bar, step_metrics, summary_line
 from ctxrl.train.tracking import NoTracker, Tracker, make_tracker
-from ctxrl.train.trajectory import EpisodeRecord
-from ctxrl.train.update import backward_layout, empty_unit, layout_logprobs, layout_sizes, make_layout
-
-CHECKPOINTS = "checkpoints"
-LATEST = "latest"
-METRICS = "metrics.jsonl"
-RANKS = "ranks"
+from ctxrl.train.update import grpo_update, layout_sizes
 
 
 @dataclass(frozen=True)
@@ -134,38 +125,6 @@ def check_setup(config: TrainConfig, rollout_config: RolloutConfig, tasks_per_st
         )
 
 
-def make_accelerator() -> Any:
-    """The accelerate ``Accelerator`` of this process (CPU where no CUDA device exists).
-
-    Without CUDA, ``accelerate launch --multi_gpu`` (or ``torchrun``) ranks become gloo processes on the CPU.
-    DeepSpeed on the CPU needs two things accelerate does not do by itself: ``cpu=True`` would switch
-    DeepSpeed off, and without a device accelerate finds no process-group backend (every rank would then
-    believe it is rank 0 of 1), so the backend is named: gloo.
-    """
-    from accelerate import Accelerator
-    from accelerate.utils import InitProcessGroupKwargs
-
-    if torch.cuda.is_available():
-        return Accelerator()
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
-        return Accelerator(kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")])
-    return Accelerator(cpu=True)
-
-
-def _configure_deepspeed(acc: Any, config: TrainConfig) -> None:
-    """Under DeepSpeed: one microbatch per forward (the trainer batches by token budget itself, with no
-    dataloader for accelerate to read a batch size from) and the trainer's ``max_grad_norm`` as DeepSpeed's
-    clipping, since DeepSpeed clips inside its own step."""
-    plugin = getattr(acc.state, "deepspeed_plugin", None)
-    if plugin is None:
-        return
-    ds = plugin.deepspeed_config
-    if ds.get("train_micro_batch_size_per_gpu", "auto") == "auto":
-        ds["train_micro_batch_size_per_gpu"] = 1
-    ds["gradient_accumulation_steps"] = 1
-    ds["gradient_clipping"] = config.max_grad_norm or 0.0
-
-
 def train(
     config: TrainConfig,
     *,
@@ -214,7 +173,7 @@ def train(
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=config.lr, weight_decay=config.weight_decay
     )
-    _configure_deepspeed(acc, config)
+    configure_deepspeed(acc, config)
     model, optimizer = acc.prepare(model, optimizer)
     policy = acc.unwrap_model(model)
     # auto: each update takes the cheapest layout its rows allow (shared prefixes, packed lines, padding)
@@ -226,18 +185,18 @@ def train(
     start, graded = int(state.get("step", 0)), bool(state.get("graded", config.reward.graded))
     if start > 0:
         engine.update_weights(policy)  # the engine was built on the initial weights
-    geometry = _geometry(policy)
-    credit_config, loss_config = config.credit_config(advantages), config.loss
+    cost_geometry = geometry(policy)
+    credit_config = config.credit_config(advantages)
     history: list[dict[str, float]] = []
     metrics_path = out / METRICS
     tracker: Tracker = NoTracker()
     rank_path = out / RANKS / f"rank-{rank}.jsonl"
     rank_path.parent.mkdir(exist_ok=True)
-    _truncate_metrics(rank_path, start)
+    truncate_metrics(rank_path, start)
     if acc.is_main_process:
-        _truncate_metrics(metrics_path, start)  # a killed run may have logged steps past its checkpoint
+        truncate_metrics(metrics_path, start)  # a killed run may have logged steps past its checkpoint
         tracker = make_tracker(config.tracker, out, project=config.wandb_project, config=run_config)
-    bar = _progress(config.steps, start, enabled=acc.is_main_process)
+    bar = progress_bar(config.steps, start, enabled=acc.is_main_process)
 
     for step in range(start, config.steps):
         t0 = time.perf_counter()
@@ -249,7 +208,7 @@ def train(
             tokenizer,
             batch,
             rollout_config,
-            geometry=geometry,
+            geometry=cost_geometry,
             harness=harness,
             sampling=sampling,
         )
@@ -260,7 +219,7 @@ def train(
         credit = assign_credit(episodes, replace(credit_config, reward=replace(config.reward, graded=graded)))
         graded_now = graded
         if graded and config.graded_until is not None:  # the warm-up ends for good once groups have successes
-            solved = torch.tensor(_groups_with_success(episodes), dtype=torch.float64, device=acc.device)
+            solved = torch.tensor(groups_with_success(episodes), dtype=torch.float64, device=acc.device)
             solved = acc.reduce(solved, "sum")
             graded = bool(solved[0] < config.graded_until * solved[1])
 
@@ -275,61 +234,20 @@ def train(
         # ---- 4. update: packed microbatches, token-mean loss, clipped optimiser step(s) ------------------
         model.train()
         t1 = time.perf_counter()
-        parts = _split_by_episode(rows, config.updates_per_rollout)
-        layouts = [
-            make_layout(
-                part,
-                config.packing,
-                config.max_tokens_per_microbatch,
-                pad_id,
-                sizes,
-                packs=packs,
-                shared_ok=shared_ok,
-            )
-            for part in parts
-        ]
-        olds = (
-            [layout_logprobs(model, units, acc.device) for units in layouts]
-            if config.updates_per_rollout > 1
-            else None
+        update = grpo_update(
+            acc,
+            model,
+            optimizer,
+            rows,
+            config,
+            pad_id=pad_id,
+            sizes=sizes,
+            packs=packs,
+            shared_ok=shared_ok,
+            reference=(lambda unit: reference_logprobs(policy, reference, unit, acc.device))
+            if config.loss.kl_coef > 0
+            else None,
         )
-        stats, entropy_sum, grad_norms = LossStats(), 0.0, []
-        for u, units in enumerate(layouts):
-            n_tokens = float(
-                acc.reduce(
-                    torch.tensor(
-                        sum(u.num_loss_tokens for u in units), dtype=torch.float64, device=acc.device
-                    ),
-                    "sum",
-                ).item()
-            )
-            if n_tokens == 0:
-                continue  # every rank sees the same global count, so every rank skips together
-            # every rank runs the same number of backward passes (DDP syncs on the last one)
-            n_units = int(acc.reduce(torch.tensor(len(units), device=acc.device), "max").item())
-            units = [*units, *[empty_unit(pad_id)] * (n_units - len(units))]
-            result_u = backward_layout(
-                model,
-                units,
-                loss_config,
-                num_loss_tokens=n_tokens,
-                device=acc.device,
-                scale=token_mean_scale(world),
-                old_logprobs=None if olds is None else olds[u],
-                reference=(lambda unit: _reference_logprobs(policy, reference, unit, acc.device))
-                if config.loss.kl_coef > 0
-                else None,
-                backward=acc.backward,
-                sync=lambda last: _sync_context(acc, model, last),
-            )
-            stats += result_u.stats
-            entropy_sum += result_u.entropy_sum
-            if config.max_grad_norm is not None:
-                norm = acc.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-                if norm is not None:  # None under DeepSpeed before its first step
-                    grad_norms.append(float(norm))
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
         train_s = time.perf_counter() - t1
 
         # ---- 5. sync: the engine samples the next step with the new weights ------------------------------
@@ -338,36 +256,8 @@ def train(
         sync_s = time.perf_counter() - t2
 
         # ---- 6. log -------------------------------------------------------------------------------------
-        metrics = {"step": float(step + 1), "train/graded": float(graded_now)}
-        metrics.update(_episode_metrics(acc, episodes, credit, rows))
-        metrics.update(
-            LossStats.from_tensor(acc.reduce(stats.as_tensor().to(acc.device), "sum").cpu()).metrics()
-        )
-        loss_tokens = metrics["loss/tokens"] or 1.0
-        metrics["loss/entropy"] = (
-            float(acc.reduce(torch.tensor(entropy_sum, dtype=torch.float64, device=acc.device), "sum").item())
-            / loss_tokens
-        )
-        metrics["loss/grad_norm"] = float(np.mean(grad_norms)) if grad_norms else 0.0
-        metrics.update(result.stats.metrics())
-        metrics.update(
-            {
-                "time/rollout_s": rollout_s,
-                "time/train_s": train_s,
-                "time/sync_s": sync_s,
-                "time/step_s": time.perf_counter() - t0,
-                "cost/packed": float(
-                    np.mean(
-                        [float(mb.kind == "packed") for us in layouts for u in us for mb in u.all_batches()]
-                        or [0.0]
-                    )
-                ),
-                "cost/shared_prefix": float(
-                    np.mean([float(layout_kind(us) == "shared") for us in layouts] or [0.0])
-                ),
-                "cost/layout_tokens": float(sum(u.num_tokens for us in layouts for u in us)),
-            }
-        )
+        times = {"rollout": rollout_s, "train": train_s, "sync": sync_s, "step": time.perf_counter() - t0}
+        metrics = step_metrics(acc, step + 1, graded_now, episodes, credit, rows, update, result.stats, times)
         history.append(metrics)
         if acc.is_main_process:
             with metrics_path.open("a", encoding="utf-8") as handle:
@@ -375,7 +265,7 @@ def train(
             tracker.log(metrics, step=step + 1)
             bar.update(1)
             if (step + 1) % config.log_every == 0 or step + 1 == config.steps:
-                bar.write(_summary(metrics))
+                bar.write(summary_line(metrics))
 
         # ---- 7. checkpoint, and this rank's own record ---------------------------------------------------
         record: dict[str, Any] = {
@@ -394,288 +284,3 @@ def train(
     bar.close()
     tracker.finish()
     return TrainResult(first_step=start, last_step=config.steps, metrics=history, output_dir=out)
-
-
-# ---- the pieces the loop calls ----------------------------------------------------------------------------
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def load_policy(model_dir: str | Path, config: TrainConfig) -> Any:
-    """The model in ``model_dir``, in ``config.dtype``; wrapped in a peft LoRA adapter when ``lora.enabled``."""
-    from transformers import AutoModelForCausalLM
-
-    from ctxrl.errors import ModelLoadError
-    from ctxrl.train.engines.model_dir import check_causal_lm_dir
-
-    path = check_causal_lm_dir(model_dir)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, config.dtype))
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise ModelLoadError(f"transformers could not load the model in {path}: {exc}") from None
-    if not config.lora.enabled:
-        return model
-    from peft import LoraConfig, get_peft_model
-
-    lora = config.lora
-    return get_peft_model(
-        model,
-        LoraConfig(
-            r=lora.r,
-            lora_alpha=lora.alpha,
-            lora_dropout=lora.dropout,
-            target_modules=list(lora.target_modules),
-            task_type="CAUSAL_LM",
-        ),
-    )
-
-
-def _geometry(model: Any) -> ModelGeometry | None:
-    try:
-        return ModelGeometry.from_config(model.config)
-    except ConfigError:
-        return None  # e.g. mixture-of-experts: cost in tokens only
-
-
-def _progress(total: int, initial: int, *, enabled: bool) -> Any:
-    """A progress bar over optimiser steps (silent on every rank but the main one)."""
-    from tqdm import tqdm
-
-    return tqdm(
-        total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True, disable=not enabled
-    )
-
-
-def _truncate_metrics(path: Path, done: int) -> None:
-    """Keep only the lines of steps ``<= done`` (the checkpoint a resumed run starts from)."""
-    if not path.exists():
-        return
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    kept = [line for line in lines if json.loads(line)["step"] <= done]
-    if len(kept) != len(lines):
-        path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-
-
-def _split_by_episode(rows: Sequence[Row], parts: int) -> list[list[Row]]:
-    """``rows`` in ``parts`` groups of whole episodes (round-robin by episode), so each update sees whole
-    episodes."""
-    if parts == 1:
-        return [list(rows)]
-    episodes = sorted({r.episode for r in rows})
-    where = {e: i % parts for i, e in enumerate(episodes)}
-    out: list[list[Row]] = [[] for _ in range(parts)]
-    for r in rows:
-        out[where[r.episode]].append(r)
-    return out
-
-
-def _sync_context(acc: Any, model: Any, last: bool) -> Any:
-    """DDP all-reduces on the last backward of an update only; DeepSpeed steps its engine at the boundary."""
-    acc.sync_gradients = last
-    return contextlib.nullcontext() if last else acc.no_sync(model)
-
-
-def _reference_logprobs(policy: Any, reference: Any, unit: LayoutUnit, device: Any) -> list[torch.Tensor]:
-    """Logprobs under the reference: the frozen initial model, or with LoRA the base with the adapter off."""
-    if reference is not None:
-        return layout_logprobs(reference, [unit], device)[0]
-    with policy.disable_adapter():
-        return layout_logprobs(policy, [unit], device)[0]
-
-
-def _episode_metrics(
-    acc: Any, episodes: Sequence[EpisodeRecord], credit: Sequence[EpisodeCredit], rows: Sequence[Row]
-) -> dict[str, float]:
-    """Rollout, reward and cost metrics summed over ranks, then divided."""
-    groups = {ep.group: c.dropped for ep, c in zip(episodes, credit)}
-    rs = row_stats(rows, [ep for ep, c in zip(episodes, credit) if not c.dropped])
-    sums = torch.tensor(
-        [
-            len(episodes),
-            sum(ep.success for ep in episodes),
-            sum(c.reward for c in credit),
-            sum(ep.score for ep in episodes),
-            sum(ep.cost_tokens for ep in episodes),
-            sum(ep.cost_tokens for ep in episodes if ep.success),
-            sum(len(ep.steps) for ep in episodes),
-            sum(1 for ep in episodes for s in ep.steps if s.edit_calls),
-            sum(1 for ep in episodes for s in ep.steps if s.edited),
-            len(groups),
-            sum(groups.values()),
-            rs.rows,
-            rs.tokens,
-            rs.naive_tokens,
-            sum(not c.dropped for c in credit),
-        ],
-        dtype=torch.float64,
-        device=acc.device,
-    )
-    (
-        n,
-        wins,
-        reward,
-        score,
-        cost,
-        win_cost,
-        steps,
-        edits,
-        rebuilt,
-        n_groups,
-        dropped,
-        n_rows,
-        tokens,
-        naive,
-        trained,
-    ) = acc.reduce(sums, "sum").tolist()
-    n = n or 1.0
-    return {
-        "reward/success": wins / n,
-        "reward/mean": reward / n,
-        "reward/score": score / n,
-        "reward/dropped_groups": dropped / (n_groups or 1.0),
-        "rollout/episodes": n,
-        "rollout/steps_per_episode": steps / n,
-        "rollout/edits_per_episode": edits / n,
-        "rollout/edited_steps_per_episode": rebuilt / n,
-        "cost/tokens_per_episode": cost / n,
-        "cost/tokens_per_success": win_cost / wins if wins else 0.0,
-        "cost/rows_per_episode": n_rows / (trained or 1.0),
-        "cost/row_tokens": tokens,
-        "cost/naive_tokens": naive,
-        "cost/packed_vs_naive_tokens": tokens / naive if naive else 0.0,
-    }
-
-
-def _summary(m: dict[str, float]) -> str:
-    return (
-        f"step {int(m['step'])}: success {m['reward/success']:.2f} reward {m['reward/mean']:+.3f} "
-        f"loss {m['loss/loss']:+.4f} kl {m['loss/kl']:.4f} clip {m['loss/clip_frac']:.3f} "
-        f"tokens/ep {m['cost/tokens_per_episode']:.0f} rows/ep {m['cost/rows_per_episode']:.1f} "
-        f"{m['time/step_s']:.1f}s"
-    )
-
-
-# ---- checkpoints ------------------------------------------------------------------------------------------
-
-
-def _rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def trainable_sha256(policy: Any) -> str:
-    """SHA-256 over the names, dtypes, shapes and bytes of the trainable parameters (in parameter order): equal
-    on two ranks exactly when their trainable weights are bit-for-bit equal."""
-    digest = hashlib.sha256()
-    for name, p in policy.named_parameters():
-        if p.requires_grad:
-            t = p.detach().cpu().contiguous()
-            digest.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-            digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
-def _trainable_state(policy: Any) -> dict[str, torch.Tensor]:
-    return {n: p.detach().cpu().clone() for n, p in policy.named_parameters() if p.requires_grad}
-
-
-def save_checkpoint(
-    out: Path,
-    step: int,
-    policy: Any,
-    optimizer: Any,
-    acc: Any,
-    config: TrainConfig,
-    *,
-    graded: bool | None = None,
-) -> Path:
-    """Write ``out/checkpoints/step-NNNNNN`` atomically (temporary folder, then rename) and point ``latest``
-    at it. Holds ``model/`` (``save_pretrained``: the full model, or the adapter with LoRA), the trainable
-    tensors and optimiser state for exact resume, every rank's RNG states, the step, whether the next step's
-    task reward is graded (:attr:`TrainConfig.graded_until`) and the run config."""
-    root = out / CHECKPOINTS
-    final = root / f"step-{step:06d}"
-    tmp = root / f".step-{step:06d}.tmp"
-    if acc.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        policy.save_pretrained(tmp / "model")
-        torch.save(_trainable_state(policy), tmp / "trainable.pt")
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        (tmp / "state.json").write_text(
-            json.dumps(
-                {
-                    "step": step,
-                    "graded": config.reward.graded if graded is None else graded,
-                    "config": asdict(config),
-                },
-                indent=1,
-                default=str,
-            )
-        )
-    acc.wait_for_everyone()
-    torch.save(_rng_state(), tmp / f"rng-{acc.process_index}.pt")
-    acc.wait_for_everyone()
-    if acc.is_main_process:
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        pointer = root / f".{LATEST}.tmp"
-        pointer.write_text(final.name)
-        os.replace(pointer, root / LATEST)
-    acc.wait_for_everyone()
-    return final
-
-
-def _groups_with_success(episodes: Sequence[EpisodeRecord]) -> tuple[int, int]:
-    """``(groups holding a success, groups)`` of a step's episodes."""
-    groups: dict[int, bool] = {}
-    for ep in episodes:
-        groups[ep.group] = groups.get(ep.group, False) or ep.success
-    return sum(groups.values()), len(groups)
-
-
-def load_checkpoint(out: Path, policy: Any, optimizer: Any, rank: int) -> dict[str, Any]:
-    """Restore the latest checkpoint under ``out`` into ``policy`` and ``optimizer`` and this rank's RNG (a
-    kept checkpoint, :mod:`ctxrl.train.keep`: the adapter from ``model/``, fresh AdamW moments); returns its
-    ``state.json`` (``step``: the steps already done; ``graded``: whether the next step's task
-    reward is graded). Raises :class:`UsageError` when there is none."""
-    root = out / CHECKPOINTS
-    if not (root / LATEST).exists():
-        raise UsageError(f"nothing to resume: {root / LATEST} does not exist (start without resume)")
-    ckpt = root / (root / LATEST).read_text().strip()
-    if (ckpt / "trainable.pt").is_file():
-        trainable = torch.load(ckpt / "trainable.pt", weights_only=True)
-        params = dict(policy.named_parameters())
-        missing = [n for n in trainable if n not in params]
-        if missing:
-            raise UsageError(
-                f"{ckpt} does not match the model (no parameter {missing[0]}); same model and lora?"
-            )
-        with torch.no_grad():
-            for name, tensor in trainable.items():
-                params[name].copy_(tensor)
-    else:  # a kept checkpoint (ctxrl.train.keep): the adapter alone, in bf16
-        load_kept_adapter(policy, ckpt / "model")
-    if (ckpt / "optimizer.pt").is_file():
-        optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=False))
-    elif rank == 0:
-        print(f"resuming {ckpt} without optimizer.pt (a kept run): AdamW's moments start at zero", flush=True)
-    rng = ckpt / f"rng-{rank}.pt"
-    if rng.exists():
-        _set_rng_state(torch.load(rng, weights_only=False))
-    state: dict[str, Any] = json.loads((ckpt / "state.json").read_text())
-    return state

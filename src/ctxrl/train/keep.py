@@ -19,24 +19,11 @@ import json
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
 
 from ctxrl.errors import CtxrlError, UsageError
-from ctxrl.train.export import CHECKPOINTS, LATEST
+from ctxrl.train.run_folder import ADAPTER_WEIGHTS, CHECKPOINTS, LATEST, latest_checkpoint
 
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
 RUN_FILES = ("config.yaml", "metrics.jsonl")
-
-
-def latest_checkpoint(run: Path) -> Path:
-    """``run/checkpoints/<the folder latest names>``; a UsageError when there is none."""
-    pointer = run / CHECKPOINTS / LATEST
-    if not pointer.is_file():
-        raise UsageError(f"{run} has no checkpoint ({pointer} does not exist)")
-    folder = run / CHECKPOINTS / pointer.read_text(encoding="utf-8").strip()
-    if not folder.is_dir():
-        raise UsageError(f"{pointer} names {folder.name}, which does not exist")
-    return folder
 
 
 def keep_run(run: Path, dest: Path) -> Path:
@@ -80,25 +67,6 @@ def restore_run(kept: Path, run: Path) -> Path:
         raise UsageError(f"{run} exists; restore a kept run into a new folder")
     shutil.copytree(kept, run)
     return run
-
-
-def load_kept_adapter(policy: Any, model_dir: Path) -> None:
-    """Load the adapter weights saved in ``model_dir`` into the peft ``policy`` (a kept checkpoint has no
-    ``trainable.pt``); a UsageError when they do not fit the policy."""
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
-
-    weights = model_dir / ADAPTER_WEIGHTS
-    if not weights.is_file() or not hasattr(policy, "peft_config"):
-        raise UsageError(
-            f"{model_dir.parent} has no trainable.pt, and {weights} is no adapter of this LoRA policy to resume from"
-        )
-    result = set_peft_model_state_dict(policy, load_file(str(weights)))
-    unexpected = list(getattr(result, "unexpected_keys", []) or [])
-    if unexpected:
-        raise UsageError(
-            f"{weights} does not match the model (no parameter {unexpected[0]}); same model and lora?"
-        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -624,3 +624,16 @@ def layout_kind(units: Sequence[LayoutUnit]) -> str:
         return "shared"
     kinds = {mb.kind for u in units for mb in u.all_batches()}
     return kinds.pop() if len(kinds) == 1 else "mixed"
+
+
+def split_by_episode(rows: Sequence[Row], parts: int) -> list[list[Row]]:
+    """``rows`` in ``parts`` groups of whole episodes (round-robin by episode), so each update sees whole
+    episodes."""
+    if parts == 1:
+        return [list(rows)]
+    episodes = sorted({r.episode for r in rows})
+    where = {e: i % parts for i, e in enumerate(episodes)}
+    out: list[list[Row]] = [[] for _ in range(parts)]
+    for r in rows:
+        out[where[r.episode]].append(r)
+    return out

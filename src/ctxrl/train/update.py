@@ -5,7 +5,8 @@
     result = backward_layout(model, units, loss_config, num_loss_tokens=n)   # gradients accumulate
     optimizer.step()
 
-The trainer (:func:`ctxrl.train.grpo.train`), the TRL parity test and ``ctxrl bench train`` all call
+The trainer (:func:`ctxrl.train.grpo.train`, through :func:`grpo_update`: the parts, layouts, global token
+count, clip and optimiser step of one rollout), the TRL parity test and ``ctxrl bench train`` all call
 :func:`backward_layout`, so what is tested and timed is what trains.
 
 **A shared prefix, computed once.** A :class:`ctxrl.train.rows.LayoutUnit` with a prefix runs it once, with
@@ -38,8 +39,9 @@ import torch
 
 from ctxrl.errors import ConfigError
 from ctxrl.rewards.cost import ModelGeometry
+from ctxrl.train.config import TrainConfig
 from ctxrl.train.logprobs import token_logprobs
-from ctxrl.train.loss import LossConfig, LossStats, policy_loss
+from ctxrl.train.loss import LossConfig, LossStats, policy_loss, token_mean_scale
 from ctxrl.train.rows import (
     LayoutKind,
     LayoutSizes,
@@ -50,6 +52,7 @@ from ctxrl.train.rows import (
     cheapest_layout,
     pad_rows,
     plain_units,
+    split_by_episode,
 )
 
 Packing = str
@@ -386,3 +389,86 @@ def nll_backward(
         sync=_no_context,
         with_entropy=False,  # supervised training logs no entropy: no second pass over the logits
     )
+
+
+@dataclass
+class UpdateResult:
+    """One rollout's optimiser step(s): the summed loss statistics, entropy and gradient norms, and the
+    layouts the rows ran in (for the cost metrics)."""
+
+    stats: LossStats
+    entropy_sum: float
+    grad_norms: list[float]
+    layouts: list[list[LayoutUnit]]
+
+
+def grpo_update(
+    acc: Any,
+    model: Any,
+    optimizer: Any,
+    rows: Sequence[Row],
+    config: TrainConfig,
+    *,
+    pad_id: int,
+    sizes: LayoutSizes | None,
+    packs: bool,
+    shared_ok: bool,
+    reference: Callable[[LayoutUnit], list[torch.Tensor]] | None = None,
+) -> UpdateResult:
+    """The update of one rollout: ``rows`` in ``config.updates_per_rollout`` parts of whole episodes, each
+    laid out (``config.packing``, at most ``max_tokens_per_microbatch`` tokens a pass), run through
+    :func:`backward_layout` with the token mean over every rank's loss tokens, clipped and stepped.
+
+    ``acc`` is the run's accelerate ``Accelerator`` (one process: ``Accelerator(cpu=True)``); the trainer,
+    the TRL parity test and ``ctxrl bench train`` all call this. ``reference(unit)``: the KL term's
+    reference logprobs (None without a KL)."""
+    from ctxrl.train.distributed import sync_context
+
+    world = acc.num_processes
+    layouts = [
+        make_layout(
+            part,
+            config.packing,
+            config.max_tokens_per_microbatch,
+            pad_id,
+            sizes,
+            packs=packs,
+            shared_ok=shared_ok,
+        )
+        for part in split_by_episode(rows, config.updates_per_rollout)
+    ]
+    olds = (
+        [layout_logprobs(model, units, acc.device) for units in layouts]
+        if config.updates_per_rollout > 1
+        else None
+    )
+    result = UpdateResult(LossStats(), 0.0, [], layouts)
+    for u, units in enumerate(layouts):
+        local = torch.tensor(sum(x.num_loss_tokens for x in units), dtype=torch.float64, device=acc.device)
+        n_tokens = float(acc.reduce(local, "sum").item())
+        if n_tokens == 0:
+            continue  # every rank sees the same global count, so every rank skips together
+        # every rank runs the same number of backward passes (DDP syncs on the last one)
+        n_units = int(acc.reduce(torch.tensor(len(units), device=acc.device), "max").item())
+        units = [*units, *[empty_unit(pad_id)] * (n_units - len(units))]
+        out = backward_layout(
+            model,
+            units,
+            config.loss,
+            num_loss_tokens=n_tokens,
+            device=acc.device,
+            scale=token_mean_scale(world),
+            old_logprobs=None if olds is None else olds[u],
+            reference=reference,
+            backward=acc.backward,
+            sync=lambda last: sync_context(acc, model, last),
+        )
+        result.stats += out.stats
+        result.entropy_sum += out.entropy_sum
+        if config.max_grad_norm is not None:
+            norm = acc.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+            if norm is not None:  # None under DeepSpeed before its first step
+                result.grad_norms.append(float(norm))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return result

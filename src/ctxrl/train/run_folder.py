@@ -1,0 +1,49 @@
+"""The layout of a GRPO run folder: every artifact's name, in one place (no torch here).
+
+    out/config.yaml                          the run config (ctxrl train writes it)
+    out/metrics.jsonl                        one line of metrics per step (main rank)
+    out/ranks/rank-<r>.jsonl                 each rank's own line per step (tasks, pid, weight hash)
+    out/checkpoints/step-NNNNNN/             model/ (save_pretrained), trainable.pt, optimizer.pt,
+                                             rng-<r>.pt, state.json (step, graded switch, train config)
+    out/checkpoints/latest                   the name of the newest complete checkpoint
+
+A checkpoint is written to a temporary folder and renamed into place, and ``latest`` is replaced the same
+way, so a run killed at any moment leaves the previous checkpoint whole. :mod:`ctxrl.train.keep` slims a
+checkpoint to its bf16 adapter for committing; :func:`ctxrl.train.checkpoint.load_checkpoint` resumes from
+either.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ctxrl.errors import UsageError
+
+CONFIG = "config.yaml"
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+METRICS = "metrics.jsonl"
+RANKS = "ranks"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def latest_checkpoint(run: Path) -> Path:
+    """``run/checkpoints/<the folder latest names>``; a UsageError when there is none."""
+    pointer = run / CHECKPOINTS / LATEST
+    if not pointer.is_file():
+        raise UsageError(f"{run} has no checkpoint ({pointer} does not exist)")
+    folder = run / CHECKPOINTS / pointer.read_text(encoding="utf-8").strip()
+    if not folder.is_dir():
+        raise UsageError(f"{pointer} names {folder.name}, which does not exist")
+    return folder
+
+
+def truncate_metrics(path: Path, done: int) -> None:
+    """Keep only the lines of steps ``<= done`` (the checkpoint a resumed run starts from)."""
+    if not path.exists():
+        return
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    kept = [line for line in lines if json.loads(line)["step"] <= done]
+    if len(kept) != len(lines):
+        path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
