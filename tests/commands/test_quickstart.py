@@ -17,7 +17,7 @@ from ctxrl.commands.common import ensure_tiny_model
 from ctxrl.commands.quickstart import _Story, advantage_report
 from ctxrl.train.trajectory import EpisodeRecord, StepCost, StepRecord, load_trajectories, save_trajectories
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _episode(group: int, index: int, success: bool, flops: float, mask: list[int]) -> EpisodeRecord:

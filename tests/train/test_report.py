@@ -44,7 +44,7 @@ from ctxrl.train.report import (
 from ctxrl.train.rollout import RolloutConfig, rollout
 from ctxrl.train.trajectory import EpisodeRecord, save_trajectories
 
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
 
 def call(name: str, **arguments: Any) -> str:

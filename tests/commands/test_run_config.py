@@ -15,7 +15,7 @@ from ctxrl.train.engines import EngineConfig, SamplingConfig
 from ctxrl.train.rollout import RolloutConfig
 
 CONFIGS = sorted(
-    p for p in (Path(__file__).parents[1] / "configs").rglob("*.yaml") if "accelerate" not in p.parts
+    p for p in (Path(__file__).parents[2] / "configs").rglob("*.yaml") if "accelerate" not in p.parts
 )
 
 
@@ -42,7 +42,7 @@ def test_sections_are_the_layers_typed_configs_and_defaults_live_there() -> None
 
 def test_overrides_reach_every_section() -> None:
     config = load_run_config(
-        Path(__file__).parents[1] / "configs" / "rollout.yaml",
+        Path(__file__).parents[2] / "configs" / "rollout.yaml",
         ["advantages.w_eff=0.5", "harness.modes.tools.max_pins=3", "rollout.mode=usage", "engine.name=hf"],
     )
     assert config.advantages.w_eff == 0.5 and config.harness.modes.tools.max_pins == 3

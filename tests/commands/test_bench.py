@@ -5,7 +5,7 @@ decision (:mod:`ctxrl.commands.preload`) on hand-made library folders.
 ``harness`` and ``env`` run in this process; ``bench all --quick`` runs every bench, ``rollout`` included
 (vLLM and transformers, twice: without and with the preload), as a command of its own (~3-4 minutes here).
 
-Run: .venv/bin/python -m pytest tests/test_bench.py -q
+Run: .venv/bin/python -m pytest tests/commands/test_bench.py -q
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ctxrl.cli import main
 from ctxrl.commands import preload
 from ctxrl.commands.bench import BENCHMARKS, README_BEGIN, README_END, markdown_table, replace_table
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _figures(path: Path) -> dict[str, float]:
