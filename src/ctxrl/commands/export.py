@@ -5,7 +5,7 @@
     ctxrl export --run runs/grpo1 --out exports/grpo1-lora --adapter-only
     ctxrl export --adapter docs/results/learning/sft/adapter --out runs/ladder/sft/model   # merge, no check
 
-What the folder holds and how it is checked: :mod:`ctxrl.train.export`. ``--out`` must be new or empty (there
+What the folder holds and how it is checked: :mod:`ctxrl.publish.export`. ``--out`` must be new or empty (there
 is no ``--overwrite``: an export is never replaced in place). A missing run, step or base model is a one-line
 error before anything loads.
 """
@@ -18,10 +18,10 @@ import argparse
 def run_export(args: argparse.Namespace) -> int:
     """Entry point of ``ctxrl export``: write, verify, then print what was checked and how to serve it."""
     from ctxrl.errors import UsageError
-    from ctxrl.train.export import export_run, rollout_command, serve_command
+    from ctxrl.publish.export import export_run, rollout_command, serve_command
 
     if args.adapter is not None:
-        from ctxrl.train.export import merge_adapter
+        from ctxrl.publish.export import merge_adapter
 
         if args.step is not None or args.adapter_only:
             raise UsageError("--step and --adapter-only go with --run, not --adapter")

@@ -155,9 +155,9 @@ def run_quickstart(args: argparse.Namespace) -> int:
     from ctxrl.commands.evolve import evolve_command
     from ctxrl.commands.sft import sft_command
     from ctxrl.commands.train import train_command
+    from ctxrl.publish.export import export_run
+    from ctxrl.publish.report import write_report
     from ctxrl.train.eval_table import markdown
-    from ctxrl.train.export import export_run
-    from ctxrl.train.report import write_report
 
     out: Path = prepare_out(args.out, overwrite=args.overwrite)
     train_overrides = [*TRAIN, *args.overrides]

@@ -3,7 +3,7 @@
     ctxrl report runs/r1                      # writes runs/r1/report.html
     ctxrl report runs/r1 --out r1.html --episodes 3
 
-See :mod:`ctxrl.train.report` for the inputs it reads and what each plot shows.
+See :mod:`ctxrl.publish.report` for the inputs it reads and what each plot shows.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import argparse
 def run_report(args: argparse.Namespace) -> int:
     """Entry point of ``ctxrl report``: write the page, print its path and what it holds."""
     from ctxrl.errors import UsageError
-    from ctxrl.train.report import read_run, render_report, write_page
+    from ctxrl.publish.report import read_run, render_report, write_page
 
     if args.episodes < 0:
         raise UsageError(f"--episodes must be >= 0, not {args.episodes}")

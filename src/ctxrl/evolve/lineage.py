@@ -94,6 +94,50 @@ class CandidateRow:
     decided: float | None
 
 
+@dataclass(frozen=True)
+class CandidateSummary:
+    """The read side for a report: one candidate with its dev episodes' mean score and cost."""
+
+    id: str
+    parent: str | None
+    round: int
+    score: float | None
+    """Mean score of its dev episodes in its round (None: none graded yet)."""
+    cost: float | None
+    status: str
+
+
+def read_candidates(path: str | Path) -> list[CandidateSummary]:
+    """Every candidate of the lineage database ``path`` (opened read-only), by round; LineageError when the
+    file is not such a database."""
+    path = Path(path)
+    try:
+        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise LineageError(f"{path.name}: cannot open it ({exc})") from None
+    try:
+        rows = con.execute(
+            'SELECT c."id", c."parent", c."round", AVG(e."score"), AVG(e."cost"), c."status" '
+            'FROM candidates c LEFT JOIN episodes e ON e."skill" = c."id" AND e."split" = \'dev\' '
+            'AND e."round" = c."round" GROUP BY c."id" ORDER BY c."round", c.rowid'
+        ).fetchall()
+    except sqlite3.Error as exc:
+        raise LineageError(f"{path.name} is no lineage database ({exc})") from None
+    finally:
+        con.close()
+    return [
+        CandidateSummary(
+            str(cid),
+            None if parent in (None, "") else str(parent),
+            int(rnd),
+            None if score is None else float(score),
+            None if cost is None else float(cost),
+            str(status),
+        )
+        for cid, parent, rnd, score, cost, status in rows
+    ]
+
+
 def _slim(record: EpisodeRecord) -> str:
     data = record.to_dict()
     for step in data["steps"]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from ctxrl.errors import UsageError
 
@@ -47,3 +48,28 @@ def truncate_metrics(path: Path, done: int) -> None:
     kept = [line for line in lines if json.loads(line)["step"] <= done]
     if len(kept) != len(lines):
         path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+
+
+MOVED = {
+    ("rollout", "task_budget"): ("harness", "task_budget"),
+    **{("train", k): ("train", "reward", k) for k in ("graded", "penalties", "cost_unit")},
+    **{("train", k): ("train", "loss", k) for k in ("epsilon_low", "epsilon_high", "kl_coef", "tis_cap")},
+}
+"""Keys a run's saved ``config.yaml`` may hold from before they moved (2026-12-03), and where they live now."""
+
+
+def upgrade_saved_config(data: dict[str, Any]) -> dict[str, Any]:
+    """A saved run config (plain data) with every key of :data:`MOVED` in its new place, so a run folder
+    written before a key moved still exports and reports. A key already in its new place wins."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    for (section, key), target in MOVED.items():
+        old = out.get(section)
+        if not isinstance(old, dict) or key not in old:
+            continue
+        value = old.pop(key)
+        node = out
+        for part in target[:-1]:
+            node[part] = dict(node.get(part) or {})
+            node = node[part]
+        node.setdefault(target[-1], value)
+    return out

@@ -20,8 +20,8 @@ from ctxrl.cli import main
 from ctxrl.commands.config import RunConfig, dump_run_config, load_run_config
 from ctxrl.env.config import HarnessConfig
 from ctxrl.env.modes import default_skill
-from ctxrl.errors import UsageError
-from ctxrl.train.export import (
+from ctxrl.errors import ConfigError, UsageError
+from ctxrl.publish.export import (
     ExportMismatchError,
     export_run,
     find_checkpoint,
@@ -341,3 +341,23 @@ def test_printed_rollout_command_runs_episodes_against_the_server(
                 assert st["num_cached_tokens"] >= 128
     config = yaml.safe_load((runs / "config.yaml").read_text())
     assert config["rollout"]["skill"] == EVOLVED_SKILL and config["harness"]["gate"] == "shrink"
+
+
+def test_a_run_config_saved_before_keys_moved_still_loads() -> None:
+    """A run folder from before ``rollout.task_budget`` became ``harness.task_budget`` and the train
+    section nested ``loss`` and ``reward``: export reads its config.yaml through the upgrade."""
+    from ctxrl.commands.config import load_run_config
+    from ctxrl.train.run_folder import upgrade_saved_config
+
+    old = {
+        "rollout": {"mode": "file", "task_budget": False},
+        "harness": {"budget": 9000},
+        "train": {"graded": True, "penalties": {"no_tool_call": 0.3}, "tis_cap": 1.5, "lr": 1e-4},
+    }
+    with pytest.raises(ConfigError, match="task_budget"):
+        load_run_config(old)
+    run = load_run_config(upgrade_saved_config(old))
+    assert run.harness.task_budget is False and run.harness.budget == 9000
+    assert run.train.reward.graded and run.train.reward.penalties.no_tool_call == 0.3
+    assert run.train.loss.tis_cap == 1.5 and run.train.lr == 1e-4
+    assert "task_budget" in old["rollout"]  # the saved data itself is not changed

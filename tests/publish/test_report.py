@@ -24,9 +24,7 @@ import pytest
 from ctxrl.cli import main
 from ctxrl.env.budget import readout
 from ctxrl.env.tasks.registry import make_task
-from ctxrl.train.engines import SamplingConfig
-from ctxrl.train.engines.scripted import ScriptedEngine
-from ctxrl.train.report import (
+from ctxrl.publish.report import (
     EpisodeView,
     PolicyPoint,
     StepView,
@@ -41,6 +39,8 @@ from ctxrl.train.report import (
     write_page,
     write_report,
 )
+from ctxrl.train.engines import SamplingConfig
+from ctxrl.train.engines.scripted import ScriptedEngine
 from ctxrl.train.rollout import RolloutConfig, rollout
 from ctxrl.train.trajectory import EpisodeRecord, save_trajectories
 
@@ -420,7 +420,7 @@ def test_the_report_reads_the_evolution_loops_lineage_store(tmp_path: Path) -> N
     import sqlite3
 
     from ctxrl.evolve.lineage import Lineage
-    from ctxrl.train.report import load_candidates
+    from ctxrl.publish.report import load_candidates
 
     lineage = Lineage.open(tmp_path, mode="file")
     seed = lineage.incumbent().id
@@ -451,7 +451,7 @@ def test_a_pipeline_folder_is_read_from_its_stage_subfolders(tmp_path: Path) -> 
     """The quickstart's run folder holds one stage per subfolder; of two metrics files the later stage's shows."""
     import os
 
-    from ctxrl.train.report import read_run
+    from ctxrl.publish.report import read_run
 
     (tmp_path / "sft").mkdir()
     (tmp_path / "train").mkdir()

@@ -55,7 +55,7 @@ from typing import Any
 import yaml
 
 from ctxrl.errors import ConfigError, CtxrlError, ModelLoadError, UsageError
-from ctxrl.train.run_folder import CHECKPOINTS, LATEST
+from ctxrl.train.run_folder import CHECKPOINTS, LATEST, upgrade_saved_config
 
 ADAPTER_CONFIG = "adapter_config.json"
 EXPORT_META = "ctxrl_export.json"
@@ -196,7 +196,7 @@ def _run_config(run: Path) -> dict[str, Any]:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise UsageError(f"{path} is not valid YAML: {exc}") from None
-    return data if isinstance(data, dict) else {}
+    return upgrade_saved_config(data) if isinstance(data, dict) else {}
 
 
 def _base_model(run: Path, candidates: Sequence[Any]) -> Path:
@@ -357,7 +357,7 @@ def _write_harness(ckpt: RunCheckpoint, into: Path) -> tuple[str, str]:
     config = _run_config(ckpt.run)
     origin = ckpt.run / "config.yaml"
     if not config:  # a run started from a TrainConfig: its rollout section is in the checkpoint
-        config = _json(ckpt.folder / "state.json").get("config") or {}
+        config = upgrade_saved_config(_json(ckpt.folder / "state.json").get("config") or {})
         origin = ckpt.folder / "state.json"
     sections = {
         key: dict(config.get(key) or {})

@@ -1,0 +1,231 @@
+"""The report page: one self-contained HTML file (every plot an embedded SVG), and writing it."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import html
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ctxrl.errors import UsageError
+from ctxrl.publish.report.load import CANDIDATE_COLUMNS, METRICS, Candidate, RunData, is_number, read_run
+from ctxrl.publish.report.plots import (
+    Plot,
+    plot_lineage,
+    plot_metrics,
+    plot_pareto,
+    plot_rounds,
+    plot_timeline,
+)
+from ctxrl.publish.report.views import eval_points, pick_episodes, rollout_points
+from ctxrl.train.eval_table import COLUMNS
+
+if TYPE_CHECKING:
+    pass
+
+# --------------------------------------------------------------------------------------------------- HTML
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1180px;
+padding:0 16px;color:#222}
+h1{font-size:22px;margin-bottom:4px}h2{font-size:17px;border-bottom:1px solid #ddd;padding-bottom:3px;
+margin-top:32px}.meta{color:#666}figure{margin:14px 0}figure img.plot{max-width:100%;height:auto;
+display:block}figcaption{color:#555;font-size:12px}table{border-collapse:collapse;font-size:12px;
+margin:8px 0}th,td{border:1px solid #ddd;padding:3px 7px;text-align:right}th{background:#f4f4f4}
+td{white-space:nowrap}td.l,th.l{text-align:left}.row{display:flex;flex-wrap:wrap;gap:8px 24px;
+align-items:flex-start}tr.overall td{font-weight:600;background:#fafafa}.notes{background:#fff8e1;
+border:1px solid #f0d98c;padding:6px 10px}dl{display:grid;grid-template-columns:max-content auto;
+gap:2px 14px}dt{color:#666}dd{margin:0}
+"""
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _figure_html(plot: Plot) -> str:
+    data = base64.b64encode(plot.svg).decode("ascii")
+    caption = f"<figcaption>{_e(plot.caption)}</figcaption>" if plot.caption else ""
+    return (
+        f'<figure><img class="plot" id="{_e(plot.id)}" alt="{_e(plot.title)}" title="{_e(plot.title)}" '
+        f'src="data:image/svg+xml;base64,{data}">{caption}</figure>'
+    )
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return format(value, spec) if is_number(value) else "—"
+
+
+def eval_table(summary: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
+    """The eval summary as an HTML table: a row per policy and family, then the policy's overall row."""
+    receipts = sorted(
+        {k for rows in summary.values() for r in rows.values() for k in r if k.startswith("receipts/")}
+    )
+    head = [*COLUMNS, *(f"{k.split('/', 1)[1].replace('_', ' ')}/ep" for k in receipts)]
+    out = ['<table id="eval-table"><thead><tr>']
+    out += [f'<th class="{"l" if i < 2 else ""}">{_e(h)}</th>' for i, h in enumerate(head)]
+    out.append("</tr></thead><tbody>")
+    for policy, rows in summary.items():
+        families = [f for f in rows if f != "overall"] + (["overall"] if "overall" in rows else [])
+        for family in families:
+            row = rows[family]
+            if not row.get("episodes"):
+                continue
+            success = f"{_fmt(row.get('success'), '.2f')} ± {_fmt(row.get('success_se'), '.2f')}"
+            cost = row.get("cost")
+            gflop = cost / 1e9 if isinstance(cost, int | float) else None
+            cells = [
+                _fmt(row.get("episodes"), ".0f"),
+                success,
+                _fmt(row.get("tokens"), ",.0f"),
+                _fmt(gflop, ",.1f"),
+                _fmt(row.get("edits"), ".1f"),
+                _fmt(row.get("rollbacks"), ".1f"),
+                *(_fmt(row.get(k), ".1f") for k in receipts),
+            ]
+            cls = ' class="overall"' if family == "overall" else ""
+            out.append(f'<tr{cls}><td class="l">{_e(policy)}</td><td class="l">{_e(family)}</td>')
+            out += [f"<td>{_e(c)}</td>" for c in cells]
+            out.append("</tr>")
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def _candidate_table(candidates: Sequence[Candidate], limit: int = 200) -> str:
+    out = ['<table id="evolve-table"><thead><tr>']
+    out += [
+        f'<th class="{"l" if c in ("id", "parent", "decision") else ""}">{c}</th>' for c in CANDIDATE_COLUMNS
+    ]
+    out.append("</tr></thead><tbody>")
+    for c in candidates[:limit]:
+        cells = [
+            (c.id, "l"),
+            (c.parent or "—", "l"),
+            (c.round, ""),
+            (_fmt(c.score, ".3f"), ""),
+            (_fmt(c.cost, ".4g"), ""),
+            (c.decision or "—", "l"),
+        ]
+        out.append("<tr>" + "".join(f'<td class="{k}">{_e(v)}</td>' for v, k in cells) + "</tr>")
+    out.append("</tbody></table>")
+    more = f"<p>{len(candidates) - limit} more candidates not shown.</p>" if len(candidates) > limit else ""
+    return "".join(out) + more
+
+
+def _overview(run: RunData) -> str:
+    items: list[tuple[str, str]] = [("run folder", run.folder.name or str(run.folder))]
+    if run.episodes:
+        eps = run.episodes
+        rate = sum(ep.success for ep in eps) / len(eps)
+        items.append(("episodes", f"{len(eps)} ({rate:.0%} success), {sum(len(e.steps) for e in eps)} steps"))
+        modes = sorted({ep.mode for ep in eps})
+        items.append(("modes", ", ".join(modes)))
+        items.append(("families", ", ".join(sorted({ep.family for ep in eps}))))
+    if run.metrics:
+        steps = [r.step for r in run.metrics]
+        items.append(("training steps", f"{min(steps)}–{max(steps)} ({len(run.metrics)} logged rows)"))
+    if run.eval is not None:
+        items.append(("eval", _e(run.eval.get("command", "")) or "eval.json"))
+    if run.candidates is not None:
+        rounds = {c.round for c in run.candidates}
+        items.append(("evolution", f"{len(run.candidates)} candidates over {len(rounds)} rounds"))
+    return "<dl>" + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in items) + "</dl>"
+
+
+def render_report(run: RunData, *, max_episodes: int = 6) -> tuple[str, list[Plot]]:
+    """The report's HTML and its plots (in page order)."""
+    if max_episodes < 0:
+        raise UsageError(f"the number of episodes to show must be >= 0, not {max_episodes}")
+    sections: list[str] = []
+    plots: list[Plot] = []
+
+    def section(title: str, ident: str, body: Sequence[str]) -> None:
+        sections.append(f'<section id="{ident}"><h2>{_e(title)}</h2>{"".join(body)}</section>')
+
+    if run.metrics:
+        new = plot_metrics(run.metrics)
+        plots += new
+        smooth = (
+            "; with 20 points or more, thin: raw, thick: trailing moving mean"
+            if len(run.metrics) >= 20
+            else ""
+        )
+        intro = f"<p>From {METRICS}, one figure per metric namespace{smooth}.</p>"
+        section(
+            "Training curves",
+            "training",
+            [intro, '<div class="row">', *(_figure_html(p) for p in new), "</div>"],
+        )
+    shown = pick_episodes(run.episodes or [], max_episodes)
+    if run.episodes and shown:
+        new = [plot_timeline(ep) for ep in shown]
+        plots += new
+        intro = (
+            f"<p>{len(shown)} of {len(run.episodes)} episodes (per mode the one with the most context events "
+            "first). Bars: the context after each step, in the engine's tokens; hatched: what the step freed. "
+            "Markers: edits, refused edits, evictions by the model or the harness, overflow rollbacks.</p>"
+        )
+        section("Context usage per episode", "context", [intro, *(_figure_html(p) for p in new)])
+    pareto: list[str] = []
+    if run.eval is not None:
+        pts = eval_points(run.eval["summary"])
+        if pts:
+            p = plot_pareto(pts, "FLOPs", "eval", "plot-pareto-eval")
+            plots.append(p)
+            pareto.append(_figure_html(p))
+    elif run.episodes:
+        pts, unit = rollout_points(run.episodes)
+        p = plot_pareto(pts, unit, "rollout, by mode and skill", "plot-pareto-rollout")
+        plots.append(p)
+        pareto.append(_figure_html(p))
+    if pareto:
+        section("Success vs compute", "pareto", pareto)
+    if run.eval is not None:
+        command = run.eval.get("command")
+        head = (
+            f"<p class=meta><code>{_e(command)}</code> · {_e(run.eval.get('date', ''))}</p>"
+            if command
+            else ""
+        )
+        section("Evaluation", "eval", [head, eval_table(run.eval["summary"])])
+    if run.candidates:
+        new = [plot_rounds(run.candidates), plot_lineage(run.candidates)]
+        plots += new
+        section("Evolution", "evolution", [*(_figure_html(p) for p in new), _candidate_table(run.candidates)])
+    notes = "".join(f"<p>{_e(n)}</p>" for n in run.notes)
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    page = (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>ctxrl report: {_e(run.folder.name)}</title><style>{_CSS}</style></head><body>"
+        f"<h1>ctxrl report: {_e(run.folder.name)}</h1><p class=meta>generated {now}</p>"
+        f"{_overview(run)}"
+        + (f'<div class="notes" id="notes">{notes}</div>' if notes else "")
+        + "".join(sections)
+        + "</body></html>\n"
+    )
+    return page, plots
+
+
+def write_page(page: str, path: str | Path) -> Path:
+    """Write ``page`` to ``path`` atomically (a temporary name, then a rename); returns the path."""
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"{path} is a folder; give the report's file name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(page, encoding="utf-8")
+        tmp.replace(path)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path} ({exc.strerror})") from None
+    return path
+
+
+def write_report(folder: str | Path, out: str | Path | None = None, *, max_episodes: int = 6) -> Path:
+    """Read ``folder`` and write its report (default ``folder/report.html``); returns the report's path."""
+    run = read_run(folder)
+    page, _ = render_report(run, max_episodes=max_episodes)
+    return write_page(page, Path(out) if out is not None else Path(folder) / "report.html")

@@ -1,0 +1,339 @@
+"""The report's figures: matplotlib SVGs of the metric curves, the context graph, the Pareto plot and
+the evolution rounds and lineage."""
+
+from __future__ import annotations
+
+import functools
+import io
+import math
+import re
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+from ctxrl.publish.report.load import MARKERS, Candidate, EpisodeView, MetricRow
+from ctxrl.publish.report.views import PolicyPoint, context_timeline, pareto_front
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# -------------------------------------------------------------------------------------------------- plots
+
+
+@dataclass(frozen=True)
+class Plot:
+    """One rendered figure: its element id, its title (also the alt text) and the SVG bytes."""
+
+    id: str
+    title: str
+    svg: bytes
+    caption: str = ""
+
+
+_STYLE: dict[Any, Any] = {
+    "font.size": 10,
+    "axes.titlesize": 11,
+    "legend.fontsize": 9,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "svg.fonttype": "path",  # glyphs as paths: the page needs no font at view time
+    "svg.hashsalt": "ctxrl-report",  # stable element ids: the same run gives the same file
+}
+_BANDS = (("pinned prefix", "#9e9e9e"), ("kept", "#4c78a8"), ("added this step", "#f58518"))
+_MARKER_STYLE = {
+    "edit": ("^", "#2ca02c"),
+    "refused edit": ("x", "#ff7f0e"),
+    "eviction": ("D", "#9467bd"),
+    "harness eviction": ("d", "#8c564b"),
+    "rollback": ("v", "#d62728"),
+}
+
+
+def _styled(fn: Callable[P, R]) -> Callable[P, R]:
+    """Run a plotting function under the report's matplotlib style (it applies when axes are made)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        import matplotlib
+
+        with matplotlib.rc_context(_STYLE):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _figure(width: float, height: float) -> Figure:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def _svg(fig: Figure) -> bytes:
+    import matplotlib
+
+    buffer = io.BytesIO()
+    with matplotlib.rc_context(_STYLE):
+        fig.savefig(buffer, format="svg", metadata={"Date": None})
+    return buffer.getvalue()
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "x"
+
+
+@_styled
+def plot_metrics(rows: Sequence[MetricRow]) -> list[Plot]:
+    """One figure per metric namespace, a panel per metric, value against step (with 20 points or more the
+    raw curve is faint and a trailing moving mean of ``n // 20`` points is drawn on top)."""
+    series: dict[str, dict[str, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
+    for row in rows:
+        for key, value in row.values.items():
+            namespace = key.split("/", 1)[0] if "/" in key else "other"
+            series[namespace][key].append((row.step, value))
+    plots = []
+    for namespace in sorted(series):
+        keys = sorted(series[namespace])
+        cols = min(3, len(keys))
+        nrows = math.ceil(len(keys) / cols)
+        fig = _figure(3.4 * cols, 2.5 * nrows + 0.3)
+        title = f"Training curves: {namespace}"
+        fig.suptitle(title)
+        for i, key in enumerate(keys):
+            ax = fig.add_subplot(nrows, cols, i + 1)
+            pts = sorted(series[namespace][key])
+            xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+            ax.plot(
+                xs,
+                ys,
+                lw=1,
+                color="#4c78a8",
+                alpha=0.5 if len(xs) >= 20 else 1.0,
+                marker="." if len(xs) < 20 else None,
+            )
+            if len(xs) >= 20:
+                w = max(2, len(xs) // 20)
+                smooth = [statistics.fmean(ys[max(0, j - w + 1) : j + 1]) for j in range(len(ys))]
+                ax.plot(xs, smooth, lw=1.6, color="#4c78a8")
+            ax.set_title(key)
+            ax.set_xlabel("step")
+            ax.set_ylabel(key.split("/", 1)[-1])
+        plots.append(Plot(f"plot-train-{_slug(namespace)}", title, _svg(fig)))
+    return plots
+
+
+@_styled
+def plot_timeline(ep: EpisodeView) -> Plot:
+    """The context graph of one episode (see the module docstring)."""
+    from matplotlib.ticker import MaxNLocator
+
+    points = context_timeline(ep)
+    xs = [p.step for p in points]
+    fig = _figure(9.5, 3.6)
+    ax = fig.add_subplot()
+    bottom = [0] * len(points)
+    for (label, color), values in zip(
+        _BANDS, ([p.pinned for p in points], [p.kept for p in points], [p.added for p in points])
+    ):
+        ax.bar(xs, values, bottom=bottom, width=0.85, color=color, label=label)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    if any(p.freed for p in points):
+        ax.bar(
+            xs,
+            [p.freed for p in points],
+            bottom=bottom,
+            width=0.85,
+            color="none",
+            edgecolor="#d62728",
+            hatch="///",
+            lw=0.6,
+            label="freed this step",
+        )
+    tops = [b + p.freed for b, p in zip(bottom, points)]
+    limits = [p.limit for p in points if p.limit is not None]
+    ceiling = max([*tops, *limits, 1])
+    if limits:
+        ax.axhline(limits[-1], color="#d62728", ls="--", lw=1, label=f"limit ({limits[-1]:,} tokens)")
+    for kind in MARKERS:
+        hits = [(p.step, t) for p, t in zip(points, tops) if kind in p.events]
+        if hits:
+            marker, color = _MARKER_STYLE[kind]
+            offset = 0.04 * ceiling * (1 + MARKERS.index(kind) % 2)
+            ax.scatter(
+                [h[0] for h in hits],
+                [h[1] + offset for h in hits],
+                marker=marker,
+                color=color,
+                s=36,
+                zorder=3,
+                label=kind,
+            )
+    ax.set_ylim(0, ceiling * 1.18)
+    ax.set_xlim(-0.6, len(points) - 0.4)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    verdict = "success" if ep.success else "failure"
+    title = f"Context usage: {ep.task_id} · mode {ep.mode} · episode {ep.group}.{ep.index} · {verdict} ({ep.end_reason})"
+    ax.set_title(title)
+    ax.set_xlabel("step (0 = first prompt)")
+    ax.set_ylabel("context tokens")
+    handles, labels = ax.get_legend_handles_labels()
+    rank = [label for label, _ in _BANDS] + ["freed this step"]
+    order = sorted(
+        range(len(labels)), key=lambda i: rank.index(labels[i]) if labels[i] in rank else len(rank)
+    )
+    ax.legend(
+        [handles[i] for i in order],
+        [labels[i] for i in order],
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        frameon=False,
+    )
+    ident = f"plot-context-{_slug(ep.task_id)}-{ep.mode}-{ep.group}-{ep.index}"
+    counts = {k: sum(k in p.events for p in points) for k in MARKERS}
+    caption = (
+        ", ".join(f"{v} {k}{'s' if v != 1 else ''}" for k, v in counts.items() if v) or "no context events"
+    )
+    return Plot(ident, title, _svg(fig), f"{len(ep.steps)} steps; {caption}.")
+
+
+@_styled
+def plot_pareto(points: Sequence[PolicyPoint], unit: str, source: str, ident: str) -> Plot:
+    """Success rate (± one standard error) against mean compute per episode, the Pareto front joined."""
+    fig = _figure(7.5, 4.2)
+    ax = fig.add_subplot()
+    colors = [f"C{i % 10}" for i in range(len(points))]
+    for p, color in zip(points, colors):
+        ax.errorbar(
+            p.cost,
+            p.success,
+            yerr=p.success_se,
+            fmt="o",
+            color=color,
+            capsize=3,
+            label=f"{p.label} (n={p.episodes})",
+        )
+    front = pareto_front(points)
+    if len(front) > 1:
+        ax.plot(
+            [p.cost for p in front],
+            [p.success for p in front],
+            color="#555555",
+            ls=":",
+            lw=1,
+            label="Pareto front",
+        )
+    costs = [p.cost for p in points if p.cost > 0]
+    if costs and max(costs) / min(costs) > 20:
+        ax.set_xscale("log")
+    ax.set_ylim(-0.05, 1.05)
+    title = f"Success vs compute per policy ({source})"
+    ax.set_title(title)
+    if unit == "FLOPs":
+        from matplotlib.ticker import EngFormatter
+
+        ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+    ax.set_xlabel(f"compute per episode ({unit})")
+    ax.set_ylabel("success rate")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return Plot(ident, title, _svg(fig))
+
+
+_DECISION_COLORS = {
+    "accept": "#2ca02c",
+    "accepted": "#2ca02c",
+    "promoted": "#2ca02c",
+    "kept": "#2ca02c",
+    "reject": "#d62728",
+    "rejected": "#d62728",
+    "discarded": "#d62728",
+    "seed": "#1f77b4",
+}
+"""Colours of the decisions whose meaning is plain; any other decision gets the next colour of a palette."""
+
+
+def _decision_colors(candidates: Sequence[Candidate]) -> dict[str, str]:
+    palette = iter(["#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"] * 8)
+    decisions = dict.fromkeys(c.decision for c in candidates)
+    return {d: _DECISION_COLORS.get(d.lower()) or next(palette) for d in decisions}
+
+
+@_styled
+def plot_rounds(candidates: Sequence[Candidate]) -> Plot:
+    """Every candidate's score by round, coloured by decision, and the best score so far."""
+    from matplotlib.ticker import MaxNLocator
+
+    colors = _decision_colors(candidates)
+    fig = _figure(7.5, 3.8)
+    ax = fig.add_subplot()
+    scored = [(c.round, c.score, c.decision) for c in candidates if c.score is not None]
+    for decision, color in colors.items():
+        sel = [(r, score) for r, score, d in scored if d == decision]
+        if sel:
+            ax.scatter(
+                [r for r, _ in sel],
+                [score for _, score in sel],
+                color=color,
+                s=28,
+                label=decision or "(none)",
+                zorder=3,
+            )
+    rounds = sorted({r for r, _, _ in scored})
+    best, running = [], -math.inf
+    for rnd in rounds:
+        running = max(running, *(score for r, score, _ in scored if r == rnd))
+        best.append(running)
+    if rounds:
+        ax.step(rounds, best, where="post", color="#555555", lw=1.2, label="best so far")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    title = "Evolution: score per round"
+    ax.set_title(title)
+    ax.set_xlabel("round")
+    ax.set_ylabel("score")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return Plot("plot-evolve-rounds", title, _svg(fig))
+
+
+@_styled
+def plot_lineage(candidates: Sequence[Candidate]) -> Plot:
+    """The lineage tree: a node per candidate at (round, rank within its round), an edge from its parent."""
+    from matplotlib.ticker import MaxNLocator
+
+    colors = _decision_colors(candidates)
+    position: dict[str, tuple[int, int]] = {}
+    per_round: dict[int, int] = defaultdict(int)
+    for c in candidates:
+        position[c.id] = (c.round, per_round[c.round])
+        per_round[c.round] += 1
+    height = max(per_round.values(), default=1)
+    fig = _figure(7.5, min(8.0, max(3.0, 1.6 + 0.4 * height)))
+    ax = fig.add_subplot()
+    for c in candidates:
+        if c.parent is not None and c.parent in position:
+            (x0, y0), (x1, y1) = position[c.parent], position[c.id]
+            ax.plot([x0, x1], [y0, y1], color="#999999", lw=0.8, zorder=1)
+    for decision, color in colors.items():
+        sel = [position[c.id] for c in candidates if c.decision == decision]
+        ax.scatter(
+            [p[0] for p in sel], [p[1] for p in sel], color=color, s=40, zorder=2, label=decision or "(none)"
+        )
+    if len(candidates) <= 40:
+        for c in candidates:
+            x, y = position[c.id]
+            label = c.id if c.score is None else f"{c.id} ({c.score:.2f})"
+            ax.annotate(label, (x, y), xytext=(4, 3), textcoords="offset points", fontsize=7.5)
+    ax.set_yticks([])
+    ax.grid(False, axis="y")
+    ax.set_ylim(-0.6, height - 0.4)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    title = "Evolution: skill lineage"
+    ax.set_title(title)
+    ax.set_xlabel("round")
+    ax.set_ylabel("candidates of the round")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return Plot("plot-evolve-lineage", title, _svg(fig))
