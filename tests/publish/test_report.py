@@ -303,10 +303,10 @@ def test_cli_writes_the_report_and_says_where(
 ) -> None:
     out = tmp_path / "sub" / "r.html"
     assert main(["report", str(run_folder), "--out", str(out), "--episodes", "1"]) == 0
-    # 4 metric namespaces + 1 context graph + Pareto + 2 evolution plots
-    assert capsys.readouterr().out.startswith(f"wrote {out} (8 plots, ")
+    # the headline curves + 4 metric namespaces + 1 context graph + Pareto + 2 evolution plots
+    assert capsys.readouterr().out.startswith(f"wrote {out} (9 plots, ")
     page = out.read_text()
-    assert page.count('id="plot-context-') == 1 and page.count('class="plot"') == 8
+    assert page.count('id="plot-context-') == 1 and page.count('class="plot"') == 9
 
 
 def test_help_lists_report_without_importing_matplotlib() -> None:
@@ -323,6 +323,13 @@ def test_help_lists_report_without_importing_matplotlib() -> None:
 
 _CHECK = """<script>
 window.addEventListener("load", () => {
+  const top = (sel) => { const el = document.querySelector(sel); return el ? el.getBoundingClientRect().top : -1; };
+  const grid = document.querySelector("#all-metrics");
+  const screen = {answer: top("#answer"), table: top("#answer-table"), headline: top("#plot-headline"),
+                  pareto: top("#answer #plot-pareto-eval"), context: top("#answer img[id^='plot-context-']"),
+                  grid: top("#all-metrics"), gridOpen: grid.open,
+                  folded: !grid.querySelector("img.plot").checkVisibility()};
+  grid.open = true;  // then every plot, the folded ones too, must have decoded and laid out
   const plots = [...document.querySelectorAll("img.plot")].map((img) => {
     const box = img.getBoundingClientRect();
     return {id: img.id, alt: img.alt, complete: img.complete, natural: img.naturalWidth,
@@ -330,7 +337,8 @@ window.addEventListener("load", () => {
   });
   const out = document.createElement("pre");
   out.id = "render-check";
-  out.textContent = JSON.stringify({plots: plots, height: document.documentElement.scrollHeight});
+  out.textContent = JSON.stringify({plots: plots, screen: screen,
+                                    height: document.documentElement.scrollHeight});
   document.body.appendChild(out);
 });
 </script></body>"""
@@ -371,7 +379,13 @@ def test_report_renders_every_plot_in_headless_chromium(run_folder: Path, tmp_pa
 
     ids = [p.id for p in plots]
     assert len(ids) == len(set(ids))
-    expected = {"plot-train-loss", "plot-train-reward", "plot-train-cost", "plot-train-rollout"}
+    expected = {
+        "plot-headline",
+        "plot-train-loss",
+        "plot-train-reward",
+        "plot-train-cost",
+        "plot-train-rollout",
+    }
     expected |= {"plot-pareto-eval", "plot-evolve-rounds", "plot-evolve-lineage"}
     assert expected <= set(ids)
     assert sorted(i.split("-")[-3] for i in ids if i.startswith("plot-context-")) == [
@@ -392,6 +406,13 @@ def test_report_renders_every_plot_in_headless_chromium(run_folder: Path, tmp_pa
     dom = _browse(binary, tmp_path / "profile1", "--virtual-time-budget=10000", "--dump-dom", probe.as_uri())
     start = dom.stdout.index('<pre id="render-check">') + len('<pre id="render-check">')
     check = json.loads(html.unescape(dom.stdout[start : dom.stdout.index("</pre>", start)]))
+    # the first screen answers "did it get better, at what cost": the held-out table, the success and
+    # compute-per-success curves, the Pareto plot and one context graph, all above the folded metric grid
+    screen = check["screen"]
+    first = 1.6 * 900  # a laptop's first screen and a half, at 1280 px wide
+    for item in ("answer", "table", "headline", "pareto", "context"):
+        assert 0 <= screen[item] < first, (item, screen)
+    assert screen["grid"] > screen["context"] and not screen["gridOpen"] and screen["folded"]
     rendered = {p["id"]: p for p in check["plots"]}
     assert set(rendered) == set(ids)
     for plot in plots:

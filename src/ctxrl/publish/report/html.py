@@ -5,14 +5,26 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import html
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ctxrl.errors import UsageError
-from ctxrl.publish.report.load import CANDIDATE_COLUMNS, METRICS, Candidate, RunData, is_number, read_run
+from ctxrl.publish.report.load import (
+    CANDIDATE_COLUMNS,
+    METRICS,
+    Candidate,
+    MetricRow,
+    RunData,
+    is_number,
+    read_run,
+)
 from ctxrl.publish.report.plots import (
+    HEADLINE,
     Plot,
+    flat_metrics,
+    plot_headline,
     plot_lineage,
     plot_metrics,
     plot_pareto,
@@ -31,7 +43,7 @@ _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1180px;
 padding:0 16px;color:#222}
 h1{font-size:22px;margin-bottom:4px}h2{font-size:17px;border-bottom:1px solid #ddd;padding-bottom:3px;
-margin-top:32px}.meta{color:#666}figure{margin:14px 0}figure img.plot{max-width:100%;height:auto;
+margin-top:32px}summary h2{display:inline-block;cursor:pointer}.meta{color:#666}figure{margin:14px 0}figure img.plot{max-width:100%;height:auto;
 display:block}figcaption{color:#555;font-size:12px}table{border-collapse:collapse;font-size:12px;
 margin:8px 0}th,td{border:1px solid #ddd;padding:3px 7px;text-align:right}th{background:#f4f4f4}
 td{white-space:nowrap}td.l,th.l{text-align:left}.row{display:flex;flex-wrap:wrap;gap:8px 24px;
@@ -93,6 +105,48 @@ def eval_table(summary: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
     return "".join(out)
 
 
+def answer_table(summary: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
+    """Every policy's overall row, best success first: success ± SE, compute per episode and per success."""
+    rows = [
+        (policy, rows["overall"])
+        for policy, rows in summary.items()
+        if rows.get("overall", {}).get("episodes")
+    ]
+    rows.sort(key=lambda item: -(item[1].get("success") or 0.0))
+    out = [
+        '<table id="answer-table"><thead><tr><th class="l">policy</th><th>episodes</th><th>success ± SE</th>'
+        "<th>GFLOP / episode</th><th>GFLOP / success</th><th>prompt tokens / episode</th></tr></thead><tbody>"
+    ]
+    for policy, row in rows:
+        per = row.get("cost_per_success")
+        cells = [
+            _fmt(row.get("episodes"), ".0f"),
+            f"{_fmt(row.get('success'), '.2f')} ± {_fmt(row.get('success_se'), '.2f')}",
+            _fmt(row["cost"] / 1e9 if is_number(row.get("cost")) else None, ",.1f"),
+            _fmt(per / 1e9 if is_number(per) else None, ",.1f"),
+            _fmt(row.get("tokens"), ",.0f"),
+        ]
+        out.append(
+            f'<tr><td class="l">{_e(policy)}</td>' + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>"
+        )
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def trend_line(rows: Sequence[MetricRow]) -> str:
+    """One sentence: success and compute per success over the first and the last fifth of the steps."""
+    k = max(1, len(rows) // 5)
+    first, last = rows[:k], rows[-k:]
+    parts = []
+    for key, label in HEADLINE:
+        a = [r.values[key] for r in first if key in r.values and (r.values[key] > 0 or key == HEADLINE[0][0])]
+        b = [r.values[key] for r in last if key in r.values and (r.values[key] > 0 or key == HEADLINE[0][0])]
+        if a and b:
+            parts.append(f"{label} {statistics.fmean(a):,.3g} → {statistics.fmean(b):,.3g}")
+    span = f"steps {first[0].step}–{first[-1].step} vs {last[0].step}–{last[-1].step}"
+    return f"Training ({span}, means): " + "; ".join(parts) if parts else "No success or cost metrics logged."
+
+
 def _candidate_table(candidates: Sequence[Candidate], limit: int = 200) -> str:
     out = ['<table id="evolve-table"><thead><tr>']
     out += [
@@ -144,6 +198,37 @@ def render_report(run: RunData, *, max_episodes: int = 6) -> tuple[str, list[Plo
     def section(title: str, ident: str, body: Sequence[str]) -> None:
         sections.append(f'<section id="{ident}"><h2>{_e(title)}</h2>{"".join(body)}</section>')
 
+    # ---- the first screen: did it get better, and at what cost -------------------------------------------
+    answer: list[str] = []
+    if run.eval is not None:
+        answer.append(answer_table(run.eval["summary"]))
+    headline = plot_headline(run.metrics) if run.metrics else None
+    if headline is not None:
+        plots.append(headline)
+        answer += [f"<p class=meta>{_e(trend_line(run.metrics or []))}</p>", _figure_html(headline)]
+    side: list[str] = []
+    if run.eval is not None:
+        pts = eval_points(run.eval["summary"])
+        if pts:
+            p = plot_pareto(pts, "FLOPs", "eval", "plot-pareto-eval")
+            plots.append(p)
+            side.append(_figure_html(p))
+    elif run.episodes:
+        pts, unit = rollout_points(run.episodes)
+        p = plot_pareto(pts, unit, "rollout, by mode and skill", "plot-pareto-rollout")
+        plots.append(p)
+        side.append(_figure_html(p))
+    shown = pick_episodes(run.episodes or [], max_episodes)
+    timelines = [plot_timeline(ep) for ep in shown]
+    if timelines:
+        plots.append(timelines[0])
+        side.append(_figure_html(timelines[0]))
+    if side:
+        answer += ['<div class="row">', *side, "</div>"]
+    if answer:
+        section("Did it get better, and at what cost?", "answer", answer)
+
+    # ---- below: everything else ----------------------------------------------------------------------------
     if run.metrics:
         new = plot_metrics(run.metrics)
         plots += new
@@ -152,36 +237,30 @@ def render_report(run: RunData, *, max_episodes: int = 6) -> tuple[str, list[Plo
             if len(run.metrics) >= 20
             else ""
         )
-        intro = f"<p>From {METRICS}, one figure per metric namespace{smooth}.</p>"
-        section(
-            "Training curves",
-            "training",
-            [intro, '<div class="row">', *(_figure_html(p) for p in new), "</div>"],
+        flat = flat_metrics(run.metrics)
+        hidden = (
+            "<p class=meta>Flat over the run, not plotted: "
+            + ", ".join(f"{_e(k)} = {_fmt(v, '.4g')}" for k, v in flat.items())
+            + ".</p>"
+            if flat
+            else ""
         )
-    shown = pick_episodes(run.episodes or [], max_episodes)
-    if run.episodes and shown:
-        new = [plot_timeline(ep) for ep in shown]
-        plots += new
+        intro = f"<p>From {METRICS}, one figure per metric namespace{smooth}.</p>{hidden}"
+        sections.append(
+            f'<section id="training"><details id="all-metrics"><summary><h2>All training curves '
+            f'({len(new)} figures)</h2></summary>{intro}<div class="row">'
+            + "".join(_figure_html(p) for p in new)
+            + "</div></details></section>"
+        )
+    if len(timelines) > 1:
+        plots += timelines[1:]
         intro = (
-            f"<p>{len(shown)} of {len(run.episodes)} episodes (per mode the one with the most context events "
-            "first). Bars: the context after each step, in the engine's tokens; hatched: what the step freed. "
-            "Markers: edits, refused edits, evictions by the model or the harness, overflow rollbacks.</p>"
+            f"<p>{len(shown)} of {len(run.episodes or [])} episodes (per mode the one with the most context "
+            "events first; the first is above). Bars: the context after each step, in the engine's tokens; "
+            "hatched: what the step freed. Markers: edits, refused edits, evictions by the model or the harness, "
+            "overflow rollbacks.</p>"
         )
-        section("Context usage per episode", "context", [intro, *(_figure_html(p) for p in new)])
-    pareto: list[str] = []
-    if run.eval is not None:
-        pts = eval_points(run.eval["summary"])
-        if pts:
-            p = plot_pareto(pts, "FLOPs", "eval", "plot-pareto-eval")
-            plots.append(p)
-            pareto.append(_figure_html(p))
-    elif run.episodes:
-        pts, unit = rollout_points(run.episodes)
-        p = plot_pareto(pts, unit, "rollout, by mode and skill", "plot-pareto-rollout")
-        plots.append(p)
-        pareto.append(_figure_html(p))
-    if pareto:
-        section("Success vs compute", "pareto", pareto)
+        section("Context usage per episode", "context", [intro, *(_figure_html(p) for p in timelines[1:])])
     if run.eval is not None:
         command = run.eval.get("command")
         head = (

@@ -88,13 +88,63 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "x"
 
 
+HEADLINE = (("reward/success", "success"), ("cost/tokens_per_success", "compute per success (tokens)"))
+"""The two curves of the report's first screen: did it get better, and at what cost."""
+
+
+def flat_metrics(rows: Sequence[MetricRow]) -> dict[str, float]:
+    """The metrics that never change over the run (their one value), left out of the curves."""
+    seen: dict[str, set[float]] = defaultdict(set)
+    for row in rows:
+        for key, value in row.values.items():
+            seen[key].add(value)
+    return {
+        key: next(iter(values)) for key, values in sorted(seen.items()) if len(values) == 1 and len(rows) > 1
+    }
+
+
+def _curve(ax: Any, xs: Sequence[int], ys: Sequence[float], color: str = "#4c78a8") -> None:
+    """Raw points; with 20 or more, a faint raw curve and a trailing moving mean of ``n // 20`` on top."""
+    many = len(xs) >= 20
+    ax.plot(xs, ys, lw=1, color=color, alpha=0.5 if many else 1.0, marker=None if many else ".")
+    if many:
+        w = max(2, len(xs) // 20)
+        ax.plot(
+            xs, [statistics.fmean(ys[max(0, j - w + 1) : j + 1]) for j in range(len(ys))], lw=1.6, color=color
+        )
+
+
+@_styled
+def plot_headline(rows: Sequence[MetricRow]) -> Plot | None:
+    """Success and compute per success against step, side by side (None: the run logged neither)."""
+    keys = [(k, label) for k, label in HEADLINE if any(k in r.values for r in rows)]
+    if not keys:
+        return None
+    fig = _figure(4.6 * len(keys), 2.9)
+    title = "Success and compute per success by training step"
+    fig.suptitle(title)
+    for i, (key, label) in enumerate(keys):
+        ax = fig.add_subplot(1, len(keys), i + 1)
+        pts = sorted((r.step, r.values[key]) for r in rows if key in r.values)
+        if key.endswith("per_success"):
+            pts = [p for p in pts if p[1] > 0]  # 0: no success in that step, no cost to show
+        _curve(ax, [p[0] for p in pts], [p[1] for p in pts], "#4c78a8" if i == 0 else "#f58518")
+        ax.set_title(label)
+        ax.set_xlabel("step")
+    return Plot("plot-headline", title, _svg(fig))
+
+
 @_styled
 def plot_metrics(rows: Sequence[MetricRow]) -> list[Plot]:
-    """One figure per metric namespace, a panel per metric, value against step (with 20 points or more the
-    raw curve is faint and a trailing moving mean of ``n // 20`` points is drawn on top)."""
+    """One figure per metric namespace, a panel per metric that changes, value against step (with 20 points
+    or more the raw curve is faint and a trailing moving mean of ``n // 20`` points is drawn on top); the
+    metrics that never change are left out (:func:`flat_metrics`)."""
+    flat = flat_metrics(rows)
     series: dict[str, dict[str, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
     for row in rows:
         for key, value in row.values.items():
+            if key in flat:
+                continue
             namespace = key.split("/", 1)[0] if "/" in key else "other"
             series[namespace][key].append((row.step, value))
     plots = []
@@ -108,19 +158,7 @@ def plot_metrics(rows: Sequence[MetricRow]) -> list[Plot]:
         for i, key in enumerate(keys):
             ax = fig.add_subplot(nrows, cols, i + 1)
             pts = sorted(series[namespace][key])
-            xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-            ax.plot(
-                xs,
-                ys,
-                lw=1,
-                color="#4c78a8",
-                alpha=0.5 if len(xs) >= 20 else 1.0,
-                marker="." if len(xs) < 20 else None,
-            )
-            if len(xs) >= 20:
-                w = max(2, len(xs) // 20)
-                smooth = [statistics.fmean(ys[max(0, j - w + 1) : j + 1]) for j in range(len(ys))]
-                ax.plot(xs, smooth, lw=1.6, color="#4c78a8")
+            _curve(ax, [p[0] for p in pts], [p[1] for p in pts])
             ax.set_title(key)
             ax.set_xlabel("step")
             ax.set_ylabel(key.split("/", 1)[-1])
