@@ -128,7 +128,12 @@ def plot_headline(rows: Sequence[MetricRow]) -> Plot | None:
         pts = sorted((r.step, r.values[key]) for r in rows if key in r.values)
         if key.endswith("per_success"):
             pts = [p for p in pts if p[1] > 0]  # 0: no success in that step, no cost to show
-        _curve(ax, [p[0] for p in pts], [p[1] for p in pts], "#4c78a8" if i == 0 else "#f58518")
+        if pts:
+            _curve(ax, [p[0] for p in pts], [p[1] for p in pts], "#4c78a8" if i == 0 else "#f58518")
+        else:
+            ax.text(0.5, 0.5, "no step had a success", ha="center", va="center", transform=ax.transAxes)
+            ax.set_xticks([])
+            ax.set_yticks([])
         ax.set_title(label)
         ax.set_xlabel("step")
     return Plot("plot-headline", title, _svg(fig))
@@ -333,7 +338,12 @@ def plot_rounds(candidates: Sequence[Candidate]) -> Plot:
     ax.set_title(title)
     ax.set_xlabel("round")
     ax.set_ylabel("score")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    if ax.get_legend_handles_labels()[0]:  # nothing scored yet: no legend (matplotlib would warn)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    else:
+        ax.text(
+            0.5, 0.5, "no candidate graded on dev tasks yet", ha="center", va="center", transform=ax.transAxes
+        )
     return Plot("plot-evolve-rounds", title, _svg(fig))
 
 
