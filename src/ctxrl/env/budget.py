@@ -1,6 +1,6 @@
 """Budget awareness: the readout, tiered nudges, the urgent band and overflow rollback.
 
-Models estimate their own context length poorly, so the harness tells them (REFERENCES.md, CLM defaults):
+Models estimate their own context length poorly, so the harness tells them (the Context Language Models defaults, docs/seed_features.md):
 
 - a readout of the current size against the limit on every tool result;
 - one-shot nudges at fixed fill levels of the budget (25/50/75 %). A tier fires once when the context

@@ -1,6 +1,6 @@
 """``HarnessConfig``: the one typed config of the context harness (budget, nudges, rollback, steps, gate).
 
-Defaults are the reference implementation's (Context Language Models; see REFERENCES.md). Load overrides
+Defaults are the published Context Language Models harness's (docs/seed_features.md). Load overrides
 with ``ctxrl.config.load_config(HarnessConfig, None, ["budget=16000"])``, or as the ``harness`` section of
 a run config (:mod:`ctxrl.commands.config`).
 """

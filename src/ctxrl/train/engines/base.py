@@ -1,7 +1,7 @@
 """The engine contract: what goes in (prompt token ids, sampling settings) and what comes out.
 
 Token in, token out: an engine takes prompts as token ids and returns the ids it generated with the logprob
-of each, so training never re-tokenises generated text (DESIGN invariant 5).
+of each, so training never re-tokenises generated text (docs/architecture.md).
 
 Contracts every engine keeps:
 

