@@ -47,9 +47,8 @@ from typing import Any, Protocol
 
 from ctxrl.env.config import HarnessConfig
 from ctxrl.env.tasks.base import Task
-from ctxrl.env.tasks.registry import make_task
-from ctxrl.env.tasks.splits import split_seeds
-from ctxrl.errors import CtxrlError
+from ctxrl.env.tasks.registry import BuiltinTaskSource
+from ctxrl.errors import CtxrlError, TaskError
 from ctxrl.evolve.config import EvolveConfig
 from ctxrl.evolve.gate import GateDecision, Paired, choose, pair
 from ctxrl.evolve.lineage import Lineage, write_atomic
@@ -116,17 +115,12 @@ class RolloutRunner:
 
 
 def split_tasks(families: Sequence[str], difficulty: str, split: str, start: int, n: int) -> list[Task]:
-    """Tasks ``start`` .. ``start + n - 1`` of ``split``'s round-robin stream (one task per family per seed, the
-    order of :class:`~ctxrl.env.tasks.registry.BuiltinTaskSource`)."""
-    seeds = split_seeds(split)
-    out = []
-    for i in range(start, start + n):
-        if i // len(families) >= len(seeds):
-            raise EvolveError(
-                f"the {split} split has no task {i} ({len(seeds)} seeds per family); fewer rounds"
-            )
-        out.append(make_task(families[i % len(families)], seeds[i // len(families)], difficulty, split=split))
-    return out
+    """Tasks ``start`` .. ``start + n - 1`` of ``split``'s task stream
+    (:meth:`~ctxrl.env.tasks.registry.BuiltinTaskSource.window`, the one training and evaluation use)."""
+    try:
+        return BuiltinTaskSource(families, difficulty).window(split, start, n)
+    except TaskError as exc:
+        raise EvolveError(f"{exc}; fewer rounds") from None
 
 
 @dataclass(frozen=True)

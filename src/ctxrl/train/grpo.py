@@ -51,8 +51,7 @@ import torch
 
 from ctxrl.env.config import HarnessConfig
 from ctxrl.env.tasks.base import Task
-from ctxrl.env.tasks.registry import FAMILIES, make_task
-from ctxrl.env.tasks.splits import split_seeds
+from ctxrl.env.tasks.registry import BuiltinTaskSource
 from ctxrl.errors import ConfigError, UsageError
 from ctxrl.rewards.advantages import AdvantageConfig
 from ctxrl.train.checkpoint import load_checkpoint, save_checkpoint, seed_everything, trainable_sha256
@@ -87,17 +86,8 @@ class TaskBatches:
     """Tasks per batch (per step and rank)."""
 
     def __call__(self, k: int) -> list[Task]:
-        families = self.families or tuple(FAMILIES)
-        seeds = split_seeds(self.split)
-        first = k * self.count
-        return [
-            make_task(
-                families[j % len(families)],
-                seeds[(j // len(families)) % len(seeds)],
-                self.difficulty,
-            )
-            for j in range(first, first + self.count)
-        ]
+        source = BuiltinTaskSource(self.families or None, self.difficulty)
+        return source.window(self.split, k * self.count, self.count, wrap=True)
 
 
 @dataclass

@@ -16,6 +16,7 @@ either.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,3 +74,25 @@ def upgrade_saved_config(data: dict[str, Any]) -> dict[str, Any]:
             node = node[part]
         node.setdefault(target[-1], value)
     return out
+
+
+def json_lines(path: str | Path) -> Iterator[tuple[int, Any]]:
+    """``(line number, parsed value)`` for each non-blank line of a JSONL file (trajectories, metrics, rank
+    logs): the one JSONL reader. A missing or unreadable file, a line that is not JSON or text that is not
+    UTF-8 is a UsageError naming the file (and the line)."""
+    path = Path(path)
+    try:
+        handle = path.open(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    with handle:
+        try:
+            for n, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    yield n, json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise UsageError(f"{path}:{n}: not JSON ({exc.msg} at column {exc.colno})") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"{path}: not UTF-8 text") from None

@@ -31,7 +31,6 @@ always a plain Hugging Face folder (weights + tokenizer) that every engine loads
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Sequence
@@ -42,6 +41,7 @@ from typing import Any, Literal
 from ctxrl.errors import ConfigError, UsageError
 from ctxrl.train.config import LoraSettings
 from ctxrl.train.rows import episode_rows
+from ctxrl.train.run_folder import json_lines
 from ctxrl.train.trajectory import EpisodeRecord
 
 
@@ -211,28 +211,16 @@ def load_demonstrations(path: str | Path) -> list[EpisodeRecord]:
     if not source.is_file():
         raise UsageError(f"demonstrations file {source} does not exist or is not a file")
     episodes = []
-    try:
-        with source.open(encoding="utf-8") as handle:
-            for n, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    data = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise UsageError(f"{source}:{n}: not JSON ({exc.msg})") from None
-                try:
-                    if not isinstance(data, dict):
-                        raise UsageError("not a JSON object")
-                    episode = EpisodeRecord.from_dict(data)
-                    _check_episode(episode)
-                except (UsageError, TypeError, AttributeError, KeyError, ValueError) as exc:
-                    detail = str(exc) or type(exc).__name__
-                    raise UsageError(f"{source}:{n}: not an episode record: {detail}") from None
-                episodes.append(episode)
-    except UnicodeDecodeError:
-        raise UsageError(f"{source} is not UTF-8 text; is it a trajectories.jsonl?") from None
-    except OSError as exc:
-        raise UsageError(f"cannot read {source}: {exc.strerror or exc}") from None
+    for n, data in json_lines(source):
+        try:
+            if not isinstance(data, dict):
+                raise UsageError("not a JSON object")
+            episode = EpisodeRecord.from_dict(data)
+            _check_episode(episode)
+        except (UsageError, TypeError, AttributeError, KeyError, ValueError) as exc:
+            detail = str(exc) or type(exc).__name__
+            raise UsageError(f"{source}:{n}: not an episode record: {detail}") from None
+        episodes.append(episode)
     if not episodes:
         raise UsageError(f"{source} holds no episodes")
     return episodes

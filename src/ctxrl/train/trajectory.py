@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxrl.errors import UsageError
+from ctxrl.train.run_folder import json_lines
 
 PROMPT_SOURCES = ("reset", "extend", "rebuild")
 
@@ -201,15 +202,8 @@ def save_trajectories(episodes: Iterable[EpisodeRecord], path: str | Path, *, ap
 
 def iter_trajectories(path: str | Path) -> Iterator[EpisodeRecord]:
     """Read episodes back from a JSONL file written by :func:`save_trajectories`."""
-    with Path(path).open(encoding="utf-8") as handle:
-        for n, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UsageError(f"{path}:{n} is not JSON ({exc})") from None
-            yield EpisodeRecord.from_dict(data)
+    for _, data in json_lines(path):
+        yield EpisodeRecord.from_dict(data)
 
 
 def load_trajectories(path: str | Path) -> list[EpisodeRecord]:

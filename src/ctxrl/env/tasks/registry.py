@@ -109,14 +109,26 @@ class BuiltinTaskSource:
         return self._families
 
     def tasks(self, split: str, n: int | None = None) -> Iterator[Task]:
-        seeds = split_seeds(split)
-        count = 0
-        for seed in seeds:
-            for family in self._families:
-                if n is not None and count >= n:
-                    return
-                yield make_task(family, seed, self.difficulty)
-                count += 1
+        total = len(split_seeds(split)) * len(self._families)
+        yield from self.window(split, 0, total if n is None else min(n, total))
+
+    def window(self, split: str, start: int, n: int, *, wrap: bool = False) -> list[Task]:
+        """Tasks ``start`` .. ``start + n - 1`` of ``split``'s stream (seed by seed, one task per family):
+        the one task stream of training (step k of ``count`` tasks: ``window(split, k * count, count,
+        wrap=True)``, wrapping around the split), evaluation (the first n) and evolution (each round the next
+        ones). Without ``wrap`` a window past the split's end is a TaskError."""
+        seeds, families = split_seeds(split), self._families
+        out = []
+        for i in range(start, start + n):
+            j = i // len(families)
+            if j >= len(seeds):
+                if not wrap:
+                    raise TaskError(
+                        f"the {split} split has no task {i} ({len(seeds)} seeds x {len(families)} families)"
+                    )
+                j %= len(seeds)
+            out.append(make_task(families[i % len(families)], seeds[j], self.difficulty, split=split))
+        return out
 
 
 def task_to_row(task: Task) -> dict[str, Any]:

@@ -7,7 +7,6 @@ import json
 import math
 import re
 import sqlite3
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 from ctxrl.env.budget import READOUT
 from ctxrl.errors import UsageError
 from ctxrl.evolve.lineage import LineageError, read_candidates
+from ctxrl.train.run_folder import json_lines
 from ctxrl.train.trajectory import EpisodeRecord, StepRecord
 
 if TYPE_CHECKING:
@@ -151,30 +151,11 @@ class RunData:
     notes: list[str] = field(default_factory=list)
 
 
-def _json_lines(path: Path) -> Iterator[tuple[int, Any]]:
-    """``(line number, parsed value)`` for each non-blank line; a line that is not JSON is a UsageError."""
-    try:
-        handle = path.open(encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read it ({exc.strerror})") from None
-    with handle:
-        try:
-            for n, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    yield n, json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise UsageError(f"{path}:{n}: not JSON ({exc.msg} at column {exc.colno})") from None
-        except UnicodeDecodeError:
-            raise UsageError(f"{path}: not UTF-8 text") from None
-
-
 def load_episodes(path: str | Path) -> list[EpisodeView]:
     """The episodes of a trajectory file; a line that is not an episode record names the file and line."""
     path = Path(path)
     out = []
-    for n, data in _json_lines(path):
+    for n, data in json_lines(path):
         if not isinstance(data, dict):
             raise UsageError(f"{path}:{n}: not an episode record (a JSON {type(data).__name__})")
         try:
@@ -198,7 +179,7 @@ def load_metrics(path: str | Path) -> tuple[list[MetricRow], list[str]]:
     """
     path = Path(path)
     rows, ignored = [], set()
-    for n, data in _json_lines(path):
+    for n, data in json_lines(path):
         if not isinstance(data, dict):
             raise UsageError(f"{path}:{n}: not a JSON object with a 'step' (a JSON {type(data).__name__})")
         step = data.get("step")
