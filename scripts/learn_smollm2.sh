@@ -150,10 +150,9 @@ arm() {  # arm NAME STEPS EXTRA...: GRPO into OUT/NAME (resumed when it has begu
 }
 evaluate_run() {  # evaluate_run NAME RUN STEP EPISODES: export the RUN's checkpoint STEP and evaluate it
   restored "$2"
-  rm -rf "$OUT/$1/export"
-  mkdir -p "$OUT/$1"
-  "$CTXRL" export --run "$OUT/$2" --step "$3" --out "$OUT/$1/export"
-  evaluate "$1" "$OUT/$1/export" "$4"
+  rm -rf "$OUT/$1.model"  # beside the eval's folder, which its --overwrite empties
+  "$CTXRL" export --run "$OUT/$2" --step "$3" --out "$OUT/$1.model"
+  evaluate "$1" "$OUT/$1.model" "$4"
 }
 merged "$START" "$([ "$START" = sft ] && echo "$BASE" || echo "$OUT/sft/model")"
 stage grpo_mid arm grpo "$MID" "$@"
