@@ -8,7 +8,7 @@ import html
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ctxrl.errors import UsageError
 from ctxrl.publish.report.load import (
@@ -33,9 +33,6 @@ from ctxrl.publish.report.plots import (
 )
 from ctxrl.publish.report.views import eval_points, pick_episodes, rollout_points
 from ctxrl.train.eval_table import COLUMNS
-
-if TYPE_CHECKING:
-    pass
 
 # --------------------------------------------------------------------------------------------------- HTML
 
@@ -139,8 +136,12 @@ def trend_line(rows: Sequence[MetricRow]) -> str:
     first, last = rows[:k], rows[-k:]
     parts = []
     for key, label in HEADLINE:
-        a = [r.values[key] for r in first if key in r.values and (r.values[key] > 0 or key == HEADLINE[0][0])]
-        b = [r.values[key] for r in last if key in r.values and (r.values[key] > 0 or key == HEADLINE[0][0])]
+        # a step without a success logs 0 compute per success: not a cost, left out of the mean
+        keep = (lambda v: v > 0) if key.endswith("per_success") else (lambda v: True)
+        a, b = (
+            [r.values[key] for r in rows_ if key in r.values and keep(r.values[key])]
+            for rows_ in (first, last)
+        )
         if a and b:
             parts.append(f"{label} {statistics.fmean(a):,.3g} → {statistics.fmean(b):,.3g}")
     span = f"steps {first[0].step}–{first[-1].step} vs {last[0].step}–{last[-1].step}"

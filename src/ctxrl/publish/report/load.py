@@ -9,16 +9,13 @@ import re
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import Any, TypeGuard
 
 from ctxrl.env.budget import READOUT
 from ctxrl.errors import UsageError
 from ctxrl.evolve.lineage import LineageError, read_candidates
 from ctxrl.train.run_folder import json_lines
 from ctxrl.train.trajectory import EpisodeRecord, StepRecord
-
-if TYPE_CHECKING:
-    pass
 
 TRAJECTORIES = "trajectories.jsonl"
 METRICS = "metrics.jsonl"
@@ -236,26 +233,28 @@ def load_candidates(path: str | Path) -> tuple[list[Candidate] | None, str | Non
         columns = {row[1] for row in info}
         if not info:
             return None, f"{path.name} has no table 'candidates'"
-        if "score" not in columns and {"id", "parent", "round", "status"} <= columns:
-            # the evolution loop's lineage store: read through its own read side
-            con.close()
-            try:
-                lineage = read_candidates(path)
-            except LineageError as exc:
-                return None, str(exc)
-            return [Candidate(c.id, c.parent, c.round, c.score, c.cost, c.status) for c in lineage], None
-        else:
-            missing = [c for c in CANDIDATE_COLUMNS if c not in columns]
-            if missing:
-                return None, f"{path.name}: table 'candidates' lacks column(s) {', '.join(missing)}"
-            rows = con.execute(
+        lineage = "score" not in columns and {"id", "parent", "round", "status"} <= columns
+        missing = [c for c in CANDIDATE_COLUMNS if c not in columns]
+        rows = (
+            []
+            if lineage or missing
+            else con.execute(
                 'SELECT "id", "parent", "round", "score", "cost", "decision" FROM candidates '
                 'ORDER BY "round", rowid'
             ).fetchall()
+        )
     except sqlite3.Error as exc:
         return None, f"{path.name}: cannot read it ({exc})"
     finally:
         con.close()
+    if lineage:  # the evolution loop's lineage store: read through its own read side
+        try:
+            found = read_candidates(path)
+        except LineageError as exc:
+            return None, str(exc)
+        return [Candidate(c.id, c.parent, c.round, c.score, c.cost, c.status) for c in found], None
+    if missing:
+        return None, f"{path.name}: table 'candidates' lacks column(s) {', '.join(missing)}"
     out = []
     for cid, parent, rnd, score, cost, decision in rows:
         if not is_number(rnd):
