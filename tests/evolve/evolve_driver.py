@@ -19,8 +19,9 @@ import time
 from ctxrl.evolve.gate import CtxrlGate, GateDecision, choose, pair
 from ctxrl.evolve.lineage import Lineage
 from ctxrl.evolve.notes import build_notes, known_steps
+from ctxrl.evolve.proposal import read_proposal
 from ctxrl.evolve.proposers import OfflineProposer, compact_percent
-from ctxrl.evolve.skill import Skill, validate_candidate
+from ctxrl.evolve.skill import Skill
 from ctxrl.train.trajectory import EpisodeRecord, StepCost, StepRecord
 
 TRAIN = [(f"train-{i}", 1000 + i) for i in range(6)]
@@ -91,7 +92,7 @@ def evolve(run_dir: str, rounds: int, sleep: float) -> None:
             texts = OfflineProposer().propose(inc, notes, CANDIDATES, round=r)
             steps = known_steps(notes)
             lineage.record_proposals(
-                r, [validate_candidate(t, incumbent=inc, round=r, known_steps=steps) for t in texts]
+                r, [read_proposal(t, parent=inc, round=r, known_steps=steps) for t in texts]
             )
         for row in lineage.candidates(round=r, status="pending"):
             k = lineage.gate_index(row.skill.id)

@@ -170,7 +170,7 @@ def test_a_malformed_rewrite_is_dropped_and_the_parent_kept() -> None:
     data = adapter.make_reflective_dataset({COMPONENT: SEED.body}, res, [COMPONENT])
     assert adapter.propose_new_texts({COMPONENT: SEED.body}, data, [COMPONENT]) == {}
     assert adapter.dropped == 2 and adapter.proposed == 0
-    assert adapter.drop_reasons[0].startswith("no frontmatter")
+    assert adapter.drop_reasons[0].startswith("malformed: not a JSON object or skill document")
 
 
 def test_the_budget_is_what_the_ctxrl_run_plans_unless_overridden() -> None:

@@ -207,3 +207,22 @@ def test_kill_9_ten_times_then_resume_gives_the_uninterrupted_state(tmp_path: Pa
     assert final.returncode == 0, err.decode()
     got = _snapshot(run)
     assert got == want  # same candidates, decisions, proposal numbers, episodes (each once), incumbent file
+
+
+def test_the_pool_keeps_a_candidate_that_wins_one_task_and_drops_one_that_wins_none(tmp_path: Path) -> None:
+    lin = Lineage.open(tmp_path, mode="file")
+    seed = lin.incumbent()
+    lin.begin_round(1)
+    a, b = candidate("## A\nbody a"), candidate("## B\nbody b")
+    lin.record_proposals(1, [a, b])
+    table = {"t1": (1.0, 0.0, 0.0), "t2": (0.0, 1.0, 0.0), "t3": (1.0, 1.0, 1.0), "t4": (0.0, 0.0, 0.0)}
+    for task, scores in table.items():
+        for skill, score in zip((seed, a, b), scores):
+            lin.record_episode(skill.id, "dev", 1, repeat=0, record=record(skill, task, score, 10.0))
+    lin.decide(a.id, decision(False))
+    lin.decide(b.id, decision(False))
+    lin.finish_round(1, None)
+    # t1 is the seed's, t2 is a's; t3 and t4 separate no one; b is best on no task
+    assert lin.pool() == [(seed.id, 1), (a.id, 1)]
+    assert lin.pool(before_round=1) == [(seed.id, 0)]  # the incumbent is always in it
+    assert lin.round_winner(1) is None and lin.round_parent(1) is None  # no train episode was recorded

@@ -4,6 +4,7 @@ from the gate."""
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -17,6 +18,7 @@ from ctxrl.evolve.config import EvolveConfig
 from ctxrl.evolve.gate import CtxrlGate
 from ctxrl.evolve.lineage import BEST, Lineage
 from ctxrl.evolve.loop import STOP_FILE, EvolveError, EvolveLoop, Job, split_tasks
+from ctxrl.evolve.notes import known_steps
 from ctxrl.evolve.proposers import OfflineProposer
 from ctxrl.evolve.skill import parse_skill, seed_skill
 from ctxrl.train.trajectory import EpisodeRecord, StepCost, StepRecord, skill_id
@@ -116,6 +118,15 @@ def test_two_rounds_evolve_and_record_everything(clean: tuple[Path, dict[str, An
             inc = {k for k in lin.graded(seed_skill("file").id, "dev", 1)}
             mine = lin.graded(c.skill.id, "dev", 1)
             assert len(mine) == c.decision["n_tasks"] and mine <= inc
+        # round 1 proposes on the seed; round 2 on a skill of the pool the first round left
+        rows = summary["rounds"]
+        assert rows[0]["parent"] == seed_skill("file").id
+        assert rows[1]["parent"] in [sid for sid, _ in lin.pool(before_round=2)]
+        assert rows[0]["skill_chars"] == len(lin.skill(rows[1]["incumbent"]).body)
+    # every proposal well-formed; edits only add a rule, so none drops any of its parent
+    assert summary["well_formed"] == summary["proposals"] == sum(len(r["candidates"]) for r in rows) > 0
+    assert all(c["removed_share"] == 0.0 and not c["flagged"] for r in rows for c in r["candidates"])
+    assert summary["incumbent"] in [p["skill"] for p in summary["pool"]]
     assert summary["rounds_finished"] == 2 and not summary["stopped"]
     assert summary["test"]["seed"]["skill"] == seed_skill("file").id
     assert summary["test"]["final"]["skill"] == summary["incumbent"] != seed_skill("file").id
@@ -186,3 +197,19 @@ def test_stop_file_ends_cleanly_and_resume_reaches_the_clean_state(
     dev_train = [k for k in ran if not _is_test(k[0])]
     assert len(dev_train) == len(set(dev_train))
     assert sum(len(b) for b in clean_runner.batches) == len(got["episodes"])
+
+
+def test_a_rewrite_that_drops_most_of_its_parent_is_flagged(tmp_path: Path) -> None:
+    class Collapse:
+        def propose(self, parent: Any, notes: Any, n: int, *, round: int) -> list[str]:
+            cite = sorted(known_steps(notes))[0]
+            return [json.dumps({"targets": [cite], "predicts": "shorter", "body": "## Context\nBe brief."})]
+
+    loop = EvolveLoop(
+        tmp_path, replace(CONFIG, rounds=1, proposals=1, proposal_style="rewrite"), mode="file",
+        families=FAMILIES, difficulty="easy", runner=FakeRunner(), proposer=Collapse(), log=lambda _: None,
+    )  # fmt: skip
+    (row,) = loop.round_rows() if loop.round(1) else []
+    loop.close()
+    (cand,) = row["candidates"]
+    assert cand["flagged"] and cand["removed_share"] > 0.9 and cand["chars"] == len("## Context\nBe brief.")

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 from ctxrl.evolve.notes import build_notes, known_steps, render_notes
+from ctxrl.evolve.proposal import read_proposal
 from ctxrl.evolve.proposers import OfflineProposer, compact_percent, with_compact_percent
-from ctxrl.evolve.skill import Skill, seed_skill, validate_candidate
+from ctxrl.evolve.rules import itemise
+from ctxrl.evolve.skill import Skill, seed_skill
 from ctxrl.train.trajectory import EpisodeRecord, StepCost, StepRecord
 
 URGENT = "[context] URGENT: 120 tokens left before the limit of 2000; the next large output may overflow."
@@ -105,16 +109,22 @@ def test_offline_proposer_lowers_the_threshold_on_overflow_and_cites_steps() -> 
     notes = build_notes([overflow_failure("t1", 0), quick_success("t1", 1)])
     texts = OfflineProposer().propose(inc, notes, 3, round=1)
     assert len(texts) == 3
-    skills = [validate_candidate(t, incumbent=inc, round=1, known_steps=known_steps(notes)) for t in texts]
+    skills = [read_proposal(t, parent=inc, round=1, known_steps=known_steps(notes)) for t in texts]
     assert all(isinstance(s, Skill) for s in skills)
+    # an edit: the default skill's rules all stay, in order, and the threshold is one added rule
+    for s in skills:
+        assert isinstance(s, Skill)
+        assert [r.text for r in itemise(s.body)][:-1] == [r.text for r in itemise(inc.body)]
     # the default skill states no threshold: taken as 60%; steps 10, 20, 5 lower it
     assert [compact_percent(s.body) for s in skills if isinstance(s, Skill)] == [50, 40, 55]
     first = skills[0]
     assert isinstance(first, Skill)
     assert first.targets == ("[n1.B.s1]", "[n1.B.s2]")
     assert first.predicts.startswith("threshold 60% -> 50%")
-    # deterministic
+    # deterministic, and the rewrite style proposes the same bodies whole
     assert OfflineProposer().propose(inc, notes, 3, round=1) == texts
+    rewrites = OfflineProposer("rewrite").propose(inc, notes, 3, round=1)
+    assert [read_proposal(t, parent=inc, round=1) for t in rewrites] == skills
 
 
 def test_offline_proposer_raises_the_threshold_for_over_editing_and_stays_in_bounds() -> None:
@@ -127,7 +137,11 @@ def test_offline_proposer_raises_the_threshold_for_over_editing_and_stays_in_bou
     notes = build_notes([cheap, dear])
     texts = OfflineProposer().propose(inc, notes, 2, round=1)
     assert [compact_percent(t) for t in texts] == [70, 65]
-    assert "[n1.B.s0] [n1.B.s1]" in texts[0]
+    assert '"targets": ["[n1.B.s0]", "[n1.B.s1]"]' in texts[0]
+    # a skill that states a threshold gets that rule revised, not a second one added
+    stated = Skill(with_compact_percent(inc.body, 60), "file", None, 0)
+    (edit,) = json.loads(OfflineProposer().propose(stated, notes, 1, round=1)[0])["edits"]
+    assert edit["op"] == "revise" and edit["rule"] == itemise(stated.body)[-1].id
     # nothing to act on: no candidates
     assert OfflineProposer().propose(inc, build_notes([quick_success("t", 0)]), 3, round=1) == []
     # at the lower bound the proposer offers only thresholds that move

@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 
 from ctxrl.errors import CtxrlError
+from ctxrl.evolve.proposal import read_proposal
 from ctxrl.evolve.proposers import ChatProposer, OpenAIChat, OpenAIProposer, ProposerError
-from ctxrl.evolve.skill import Skill, seed_skill, validate_candidate
+from ctxrl.evolve.rules import itemise
+from ctxrl.evolve.skill import Skill, seed_skill
 
 INC = seed_skill("tools")
 
@@ -48,9 +50,12 @@ class Server:
                     self.wfile.write(b'{"error": "bad key"}')
                     return
                 n = len(owner.requests)
-                text = (
-                    f"---\nmode: tools\nparent: {INC.id}\nround: 1\ntargets: [n1.B.s2]\npredicts: drop earlier\n"
-                    f"---\n## Managing your context\nDrop results early (variant {n})."
+                text = json.dumps(
+                    {
+                        "targets": ["[n1.B.s2]"],
+                        "predicts": "drop earlier",
+                        "edits": [{"op": "add", "text": f"- Drop results early (variant {n})."}],
+                    }
                 )
                 payload = (
                     raw
@@ -91,16 +96,32 @@ def test_proposer_gets_valid_candidates_from_the_endpoint(server: Server) -> Non
     proposer = OpenAIProposer(OpenAIChat(server.url, "m", api_key="k", temperature=0.5, max_tokens=300))
     texts = proposer.propose(INC, [], 2, round=1)
     assert len(texts) == 2
-    assert texts[0].startswith("---\nmode: tools") and texts[0].endswith("(variant 1).")  # stripped only
-    skills = [validate_candidate(t, incumbent=INC, round=1) for t in texts]
+    assert texts[0].startswith('{"targets"') and texts[0].endswith("}")  # stripped only
+    skills = [read_proposal(t, parent=INC, round=1) for t in texts]
     assert all(isinstance(s, Skill) for s in skills)
+    assert [s.body.splitlines()[-1] for s in skills if isinstance(s, Skill)] == [
+        "- Drop results early (variant 1).",
+        "- Drop results early (variant 2).",
+    ]
     req = server.requests[0]
     assert (req["model"], req["temperature"], req["max_tokens"]) == ("m", 0.5, 300)
     assert [m["role"] for m in req["messages"]] == ["system", "user"]
-    assert f"parent: {INC.id}" in req["messages"][0]["content"]
-    assert INC.body in req["messages"][1]["content"]
-    assert "Write candidate 2." in server.requests[1]["messages"][1]["content"]
+    assert '"edits"' in req["messages"][0]["content"]
+    for rule in itemise(INC.body):  # the parent, one rule per line with its id
+        assert f"[{rule.id}] {rule.text}" in req["messages"][1]["content"]
+    assert "Write proposal 2 (round 1)." in server.requests[1]["messages"][1]["content"]
     assert server.headers[0] == "Bearer k"
+    # structured outputs: the schema allows only the parent's rule ids
+    fmt = req["response_format"]
+    assert fmt["type"] == "json_schema" and fmt["json_schema"]["strict"] is True
+    revise = fmt["json_schema"]["schema"]["properties"]["edits"]["items"]["anyOf"][1]
+    assert revise["properties"]["rule"]["enum"] == [r.id for r in itemise(INC.body)]
+
+
+def test_response_format_can_be_turned_off(server: Server) -> None:
+    proposer = OpenAIProposer(OpenAIChat(server.url, "m", response_format=False))
+    proposer.propose(INC, [], 1, round=1)
+    assert "response_format" not in server.requests[0]
 
 
 def test_retries_with_backoff_on_503() -> None:
@@ -165,11 +186,12 @@ def test_closed_port_names_the_url() -> None:
 def test_chat_proposer_over_any_completion_function() -> None:
     seen: list[int] = []
 
-    def complete(messages: list[dict[str, str]]) -> str:
+    def complete(messages: list[dict[str, str]], schema: dict[str, Any] | None) -> str:
+        assert schema is not None and "body" in schema["required"]  # the rewrite style's schema
         seen.append(len(messages))
         return " text "
 
-    assert ChatProposer(complete).propose(INC, [], 3, round=2) == ["text"] * 3
+    assert ChatProposer(complete, "rewrite").propose(INC, [], 3, round=2) == ["text"] * 3
     assert seen == [2, 2, 2]
 
 
@@ -181,18 +203,27 @@ def test_engine_complete_renders_the_chat_and_decodes_one_generation() -> None:
     tokenizer = load_tokenizer(None)
     seen: list[list[int]] = []
 
+    schemas: list[str | None] = []
+
     class Echo:
         def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
             seen.extend(prompts)
+            schemas.append(sampling.json_schema)
             ids = tokenizer.encode("---\nmode: file\n---\nbody", add_special_tokens=False)
             return [Generation(ids, [0.0] * len(ids), "stop", 0)]
 
-    complete = engine_complete(Echo(), tokenizer, SamplingConfig(temperature=0.0))
-    text = complete([{"role": "system", "content": "S"}, {"role": "user", "content": "write candidate 1"}])
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "write candidate 1"}]
+    complete = engine_complete(Echo(), tokenizer, SamplingConfig(temperature=0.0), structured=True)
+    text = complete(messages, {"type": "object"})
     assert text == "---\nmode: file\n---\nbody"
     (prompt,) = seen
     rendered = tokenizer.decode(prompt)
     assert "write candidate 1" in rendered and rendered.rstrip().endswith("assistant")
+    # the schema reaches the engine only where it can enforce it
+    engine_complete(Echo(), tokenizer, SamplingConfig(temperature=0.0), structured=False)(
+        messages, {"type": "object"}
+    )
+    assert schemas == ['{"type": "object"}', None]
 
 
 def test_the_client_is_built_from_the_evolve_section_and_shares_its_defaults() -> None:

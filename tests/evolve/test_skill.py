@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from ctxrl.env.modes import default_skill
-from ctxrl.evolve.skill import Dropped, Skill, SkillFormatError, parse_skill, seed_skill, validate_candidate
+from ctxrl.evolve.skill import (
+    MALFORMED,
+    Dropped,
+    Skill,
+    SkillFormatError,
+    parse_skill,
+    seed_skill,
+    validate_candidate,
+)
 from ctxrl.train.trajectory import skill_id
 
 INC = seed_skill("file")
@@ -61,8 +69,8 @@ def test_parse_rejects_with_a_reason(text: str, message: str) -> None:
         parse_skill(text)
 
 
-def test_valid_candidate_gets_incumbent_parent_and_round() -> None:
-    got = validate_candidate(doc(), incumbent=INC, round=1, known_steps=KNOWN)
+def test_valid_candidate_gets_its_parent_and_round() -> None:
+    got = validate_candidate(doc(), parent=INC, round=1, known_steps=KNOWN)
     assert isinstance(got, Skill)
     assert got.body == "## Managing your context\nCompact early."
     assert (got.parent, got.round, got.mode) == (INC.id, 1, "file")
@@ -71,36 +79,39 @@ def test_valid_candidate_gets_incumbent_parent_and_round() -> None:
 
 
 @pytest.mark.parametrize(
-    ("over", "reason"),
+    ("over", "reason", "malformed"),
     [
-        ({"mode": "tools"}, "mode 'tools' does not match"),
-        ({"mode": "<omit>"}, "lacks 'mode'"),
-        ({"body": ""}, "empty body"),
-        ({"body": "x" * 4001}, "4001 characters exceeds the cap of 4000"),
-        ({"body": INC.body}, "identical to the incumbent"),
-        ({"parent": "ffffffffffffffff"}, "is not the incumbent"),
-        ({"round": "2"}, "is not the current round 1"),
-        ({"targets": "<omit>"}, "no citation"),
-        ({"targets": "steps 3 and 7"}, "stray text"),
-        ({"targets": "[n1.C.s3]"}, "stray text"),
-        ({"targets": "[n9.B.s1]"}, "cites steps no note shows: [n9.B.s1]"),
-        ({"predicts": "<omit>"}, "no predicted effect"),
-        ({"colour": "red"}, "unknown frontmatter key"),
+        ({"mode": "tools"}, "mode 'tools' does not match", False),
+        ({"mode": "<omit>"}, "lacks 'mode'", True),
+        ({"body": ""}, "empty body", True),
+        ({"body": "x" * 4001}, "4001 characters exceeds the cap of 4000", False),
+        ({"body": INC.body}, "identical to the parent", False),
+        ({"parent": "ffffffffffffffff"}, "is not the skill it was asked to edit", False),
+        ({"round": "2"}, "is not the current round 1", False),
+        ({"targets": "<omit>"}, "no citation", True),
+        ({"targets": "steps 3 and 7"}, "stray text", True),
+        ({"targets": "[n1.C.s3]"}, "stray text", True),
+        ({"targets": "[n9.B.s1]"}, "cites steps no note shows: [n9.B.s1]", False),
+        ({"predicts": "<omit>"}, "no predicted effect", True),
+        ({"colour": "red"}, "unknown frontmatter key", True),
     ],
 )
-def test_malformed_candidates_are_dropped_with_the_reason(over: dict[str, str], reason: str) -> None:
+def test_malformed_candidates_are_dropped_with_the_reason(
+    over: dict[str, str], reason: str, malformed: bool
+) -> None:
     text = doc(**over)
-    got = validate_candidate(text, incumbent=INC, round=1, known_steps=KNOWN)
+    got = validate_candidate(text, parent=INC, round=1, known_steps=KNOWN)
     assert isinstance(got, Dropped)
     assert reason in got.reason
+    assert got.reason.startswith(MALFORMED) is malformed
     assert got.text == text  # kept as proposed, not repaired
 
 
 def test_a_code_fenced_document_is_dropped_not_unwrapped() -> None:
-    got = validate_candidate("```markdown\n" + doc() + "```", incumbent=INC, round=1)
+    got = validate_candidate("```markdown\n" + doc() + "```", parent=INC, round=1)
     assert isinstance(got, Dropped) and "no frontmatter" in got.reason
 
 
 def test_length_cap_is_a_parameter() -> None:
-    assert isinstance(validate_candidate(doc(body="y" * 50), incumbent=INC, round=1, max_chars=49), Dropped)
-    assert isinstance(validate_candidate(doc(body="y" * 49), incumbent=INC, round=1, max_chars=49), Skill)
+    assert isinstance(validate_candidate(doc(body="y" * 50), parent=INC, round=1, max_chars=49), Dropped)
+    assert isinstance(validate_candidate(doc(body="y" * 49), parent=INC, round=1, max_chars=49), Skill)

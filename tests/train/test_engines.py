@@ -102,6 +102,7 @@ def test_the_registry_names_each_engine_class_and_its_capabilities() -> None:
     assert server.loads_weights(EngineConfig(name="vllm-server"))  # it starts a server on the folder
     assert not server.loads_weights(EngineConfig(name="vllm-server", server_url="http://127.0.0.1:1"))
     assert engine_spec("vllm").cached_tokens and not engine_spec("hf").cached_tokens
+    assert [name for name, spec in ENGINES.items() if spec.structured_outputs] == ["vllm", "vllm-server"]
     with pytest.raises(ConfigError, match=r"unknown engine 'llama\.cpp'; choose one of vllm, vllm-server"):
         engine_spec("llama.cpp")
 
@@ -222,6 +223,8 @@ def test_scripted_engine_tokenises_the_action_and_ends_with_eos(tiny_tokenizer: 
     assert gen.logprobs == [0.0] * len(gen.token_ids) and gen.finish_reason == "stop"
     [cut] = engine.generate([prompt], SamplingConfig(max_new_tokens=3))
     assert cut.token_ids == gen.token_ids[:3] and cut.finish_reason == "length"
+    with pytest.raises(EngineError, match="scripted engine cannot constrain output to a JSON schema"):
+        engine.generate([prompt], SamplingConfig(json_schema='{"type": "object"}'))
     with pytest.raises(EngineError, match="no weights"):
         engine.update_weights({})
 
@@ -325,6 +328,28 @@ def test_vllm_engine_token_in_token_out(vllm_engine: Any, tiny_tokenizer: Any, h
     for prompt, gen in zip(prompts, vllm_engine.generate(prompts, GREEDY)):
         assert len(gen.token_ids) == GREEDY.max_new_tokens and gen.finish_reason == "length"
         assert_matches_forward(hf_model, prompt, gen, greedy=True)
+
+
+@pytest.mark.vllm
+def test_vllm_engine_constrains_output_to_a_proposal_schema(vllm_engine: Any, tiny_tokenizer: Any) -> None:
+    """Structured outputs on the CPU build: even the untrained tiny model can only write a proposal of the
+    schema, naming only the parent's rule ids and the notes' citations."""
+    import json
+
+    from ctxrl.evolve.proposal import proposal_schema, read_proposal, well_formed
+    from ctxrl.evolve.skill import Dropped, Skill
+
+    parent = Skill("## Context\n- Batch edits.\n- Mind the tail.", "file", None, 0)
+    cites = frozenset({"[n1.B.s0]", "[n2.B.s3]"})
+    schema = json.dumps(proposal_schema(parent, cites, style="edits"))
+    prompt = chat_prompt(tiny_tokenizer, "propose")
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=3000, json_schema=schema)
+    gens = vllm_engine.generate([prompt] * 3, sampling)
+    for gen in gens:
+        assert gen.finish_reason == "stop"
+        text = tiny_tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+        got = read_proposal(text, parent=parent, round=1, known_steps=cites)
+        assert isinstance(got, Skill) or (isinstance(got, Dropped) and well_formed(got.reason)), text
 
 
 @pytest.mark.vllm

@@ -209,15 +209,18 @@ def _seed_skill(config: RunConfig) -> Any:
 
 def _proposer(config: RunConfig, engine: Any, tokenizer: Any) -> Any:
     from ctxrl.evolve.proposers import ChatProposer, OfflineProposer, OpenAIProposer, engine_complete
+    from ctxrl.train.engines import engine_spec
     from ctxrl.train.engines.base import SamplingConfig
 
     ev = config.evolve
     if ev.proposer == "offline":
-        return OfflineProposer()
+        return OfflineProposer(ev.proposal_style)
     if ev.proposer == "openai":
         return OpenAIProposer.from_config(ev, api_key=os.environ.get(ev.proposer_api_key_env) or None)
     sampling = SamplingConfig(temperature=ev.proposer_temperature, max_new_tokens=ev.proposer_max_tokens)
-    return ChatProposer(engine_complete(engine, tokenizer, sampling))
+    structured = engine_spec(config.engine.name).structured_outputs
+    complete = engine_complete(engine, tokenizer, sampling, structured=structured)
+    return ChatProposer(complete, ev.proposal_style, ev.max_chars)
 
 
 def evolve_command(

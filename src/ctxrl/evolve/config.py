@@ -15,6 +15,8 @@ from ctxrl.evolve.gate import CtxrlGate
 from ctxrl.evolve.skill import MAX_BODY_CHARS
 
 ProposerName = Literal["offline", "openai", "self"]
+ProposalStyle = Literal["edits", "rewrite"]
+ParentRule = Literal["pool", "incumbent"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,20 @@ class EvolveConfig:
     """``openai`` and ``self``: sampling temperature of the proposals."""
     proposer_max_tokens: int = 2048
     """``openai`` and ``self``: most tokens of one proposal."""
+    proposer_response_format: bool = True
+    """``openai``: send the proposal's JSON schema as ``response_format`` (structured outputs); false for an
+    endpoint that refuses the field (the schema is then only described in the prompt)."""
+    proposal_style: ProposalStyle = "edits"
+    """``edits``: a proposal is a few add / revise / remove operations on the parent's itemised rules, which
+    keep every rule they do not name (:mod:`ctxrl.evolve.rules`); ``rewrite``: a whole new body."""
+    parents: ParentRule = "pool"
+    """Where a round's proposals start from: ``pool``, a skill drawn from the Pareto pool (the incumbent and
+    every candidate best on at least one dev task it ran, :meth:`ctxrl.evolve.lineage.Lineage.pool`), weighted
+    by the tasks it is best on; ``incumbent``: always the incumbent. The gate compares with the incumbent
+    either way."""
+    max_removed_share: float = 0.5
+    """A candidate that drops more than this share of its parent's rule text is flagged in the lineage and
+    the report (a whole rewrite that collapses the skill; an ``edits`` proposal can only do it rule by rule)."""
     max_notes: int = 8
     """Contrastive notes shown to the proposer per round (success-vs-failure notes first)."""
     max_chars: int = MAX_BODY_CHARS
@@ -86,6 +102,8 @@ class EvolveConfig:
             raise ConfigError("max_chars must be >= 1, proposer_timeout_s > 0 and proposer_retries >= 0")
         if self.gepa_budget is not None and self.gepa_budget < 1:
             raise ConfigError(f"gepa_budget must be >= 1 (episodes) or null, got {self.gepa_budget}")
+        if not 0.0 < self.max_removed_share <= 1.0:
+            raise ConfigError(f"max_removed_share must be in (0, 1], got {self.max_removed_share}")
         if not 0.0 <= self.policy_jitter < 1.0:
             raise ConfigError(f"policy_jitter must be in [0, 1), got {self.policy_jitter}")
         if self.proposer == "openai" and (not self.proposer_url or not self.proposer_model):

@@ -23,7 +23,7 @@ module fixes so the comparison with :class:`ctxrl.evolve.loop.EvolveLoop` is on 
   notes of :mod:`ctxrl.evolve.notes` from the minibatch's episodes (one record per note, its rendering and its
   data), and :meth:`SkillAdapter.propose_new_texts` hands them to the configured ctxrl proposer, asking for
   ``proposals`` rewrites as a ctxrl round does and validating each with
-  :func:`ctxrl.evolve.skill.validate_candidate`. GEPA takes one child per iteration: the first valid rewrite it
+  :func:`ctxrl.evolve.proposal.read_proposal`. GEPA takes one child per iteration: the first valid rewrite it
   has not tried yet. A malformed rewrite is dropped (counted); when none is left the parent is kept, which this
   adapter says by proposing nothing (GEPA then spends no episodes on a child identical to its parent).
 - **Budget.** ``max_metric_calls`` is :func:`planned_episodes` (what the ctxrl run with the config plans) or
@@ -59,8 +59,9 @@ from ctxrl.evolve.config import EvolveConfig
 from ctxrl.evolve.lineage import BEST, write_atomic
 from ctxrl.evolve.loop import STOP_FILE, SUMMARY_FILE, EvolveError, EvolveLoop, Runner, split_tasks
 from ctxrl.evolve.notes import ContrastNote, RunDigest, StepDigest, build_notes, known_steps
+from ctxrl.evolve.proposal import read_proposal
 from ctxrl.evolve.proposers import Proposer
-from ctxrl.evolve.skill import Dropped, Skill, parse_skill, validate_candidate
+from ctxrl.evolve.skill import Dropped, Skill, parse_skill
 from ctxrl.train.trajectory import EpisodeRecord, skill_id
 
 COMPONENT = "skill"
@@ -240,8 +241,8 @@ class SkillAdapter:
         self.returned += len(texts)
         steps = known_steps(notes)
         for i, text in enumerate(texts):
-            out = validate_candidate(
-                text, incumbent=parent, round=round, known_steps=steps, max_chars=self.config.max_chars
+            out = read_proposal(
+                text, parent=parent, round=round, known_steps=steps, max_chars=self.config.max_chars
             )
             if isinstance(out, Dropped):
                 self.dropped += 1

@@ -317,6 +317,18 @@ class Lineage:
         row = self._conn.execute("SELECT incumbent FROM rounds WHERE round = ?", (round,)).fetchone()
         return None if row is None else str(row[0])
 
+    def round_winner(self, round: int) -> str | None:
+        """The id of the candidate ``round`` promoted (None: none, or the round is not finished)."""
+        row = self._conn.execute("SELECT winner FROM rounds WHERE round = ?", (round,)).fetchone()
+        return None if row is None or row[0] is None else str(row[0])
+
+    def round_parent(self, round: int) -> str | None:
+        """The id of the skill that ran ``round``'s train tasks, its proposals' parent (None before any)."""
+        row = self._conn.execute(
+            "SELECT skill FROM episodes WHERE split = 'train' AND round = ? LIMIT 1", (round,)
+        ).fetchone()
+        return None if row is None else str(row[0])
+
     def begin_round(self, round: int) -> None:
         """Start ``round`` with the current incumbent; a no-op if it was begun already (a resumed run)."""
         with self._tx() as conn:
@@ -486,6 +498,37 @@ class Lineage:
                 scores[task].append(score)
                 costs[task].append(cost)
         return dict(scores), dict(costs)
+
+    def pool(self, before_round: int | None = None) -> list[tuple[str, int]]:
+        """The Pareto pool: ``(skill id, wins)`` of the incumbent and of every skill best on at least one dev
+        task, in the order the skills entered the lineage.
+
+        A dev task of a round counts for the skills that ran it (the round's incumbent and its candidates, on
+        the same seeds): each skill whose mean score on it equals the best gets a win, when some skill that ran
+        it scored lower (a task every skill solves equally picks no one). Only rounds before ``before_round``
+        count (all when None), so a round's draw from the pool does not change when the round is resumed.
+        """
+        sql = "SELECT round, task_id, seed, skill, AVG(score) FROM episodes WHERE split = 'dev'"
+        args: tuple[int, ...] = ()
+        if before_round is not None:
+            sql += " AND round < ?"
+            args = (before_round,)
+        rows = self._conn.execute(sql + " GROUP BY round, task_id, seed, skill", args).fetchall()
+        by_task: dict[tuple[int, str, int], dict[str, float]] = defaultdict(dict)
+        for rnd, task, seed, skill, score in rows:
+            by_task[(rnd, task, seed)][skill] = float(score)
+        wins: dict[str, int] = defaultdict(int)
+        for scores in by_task.values():
+            best, worst = max(scores.values()), min(scores.values())
+            if best > worst:
+                for skill, score in scores.items():
+                    if score == best:
+                        wins[skill] += 1
+        incumbent = self._meta("incumbent")
+        order = [
+            row[0] for row in self._conn.execute("SELECT id FROM candidates ORDER BY round, slot, rowid")
+        ]
+        return [(sid, wins.get(sid, 0)) for sid in order if sid == incumbent or wins.get(sid, 0) > 0]
 
     def episodes(self, skill_id: str, split: str, round: int) -> list[EpisodeRecord]:
         """The recorded episodes (without token ids and logprobs), in (task, seed, repeat) order."""

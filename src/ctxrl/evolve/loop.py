@@ -6,11 +6,13 @@
 
 One round ``r`` (:meth:`EvolveLoop.round`):
 
-1. **Train.** The incumbent runs the round's train tasks, ``train_repeats`` episodes each.
+1. **Train.** The round's parent (:meth:`EvolveLoop.parent`: the incumbent, or a skill drawn from the Pareto
+   pool) runs the round's train tasks, ``train_repeats`` episodes each.
 2. **Notes.** :func:`~ctxrl.evolve.notes.build_notes` over those episodes (written to ``rounds/<r>/notes.md``).
-3. **Proposals.** The proposer writes ``proposals`` rewrites; each is validated
-   (:func:`~ctxrl.evolve.skill.validate_candidate`, a malformed one is dropped with its reason, never repaired)
-   and all are recorded in one transaction. No notes (no task whose runs contrast): nothing is proposed.
+3. **Proposals.** The proposer writes ``proposals`` proposals on the parent (edits of its rules, or rewrites);
+   each is read (:func:`~ctxrl.evolve.proposal.read_proposal`, a malformed one is dropped with its reason, never
+   repaired) and all are recorded in one transaction; the round's log says how many were well-formed. No notes
+   (no task whose runs contrast): nothing is proposed.
 4. **Dev.** Every candidate and the incumbent run the same dev tasks and seeds, look by look
    (:meth:`~ctxrl.evolve.gate.CtxrlGate.looks`): at each look one rollout batch per repeat holds the incumbent's
    and every still-undecided candidate's episodes (per-episode skills), then the gate decides what it can. A
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -53,8 +56,10 @@ from ctxrl.evolve.config import EvolveConfig
 from ctxrl.evolve.gate import GateDecision, Paired, choose, pair
 from ctxrl.evolve.lineage import Lineage, write_atomic
 from ctxrl.evolve.notes import build_notes, known_steps, render_notes
+from ctxrl.evolve.proposal import read_proposal, well_formed
 from ctxrl.evolve.proposers import Proposer
-from ctxrl.evolve.skill import Skill, validate_candidate
+from ctxrl.evolve.rules import removed_share
+from ctxrl.evolve.skill import Skill
 from ctxrl.rewards.cost import ModelGeometry
 from ctxrl.train.engines.base import Engine, SamplingConfig
 from ctxrl.train.rollout import RolloutConfig, rollout
@@ -249,35 +254,50 @@ class EvolveLoop:
         self.write_report(summary)
         return summary
 
+    def parent(self, r: int) -> Skill:
+        """The skill round ``r``'s proposals start from: the incumbent, or with ``parents: pool`` one drawn from
+        the Pareto pool of the rounds before ``r`` (:meth:`Lineage.pool`) with weights its wins (the incumbent
+        at least 1). The draw is seeded by the round, so a resumed round draws the same parent."""
+        inc = self.lineage.incumbent()
+        if self.config.parents == "incumbent":
+            return inc
+        pool = self.lineage.pool(before_round=r)
+        ids = [sid for sid, _ in pool]
+        weights = [max(wins, 1) if sid == inc.id else wins for sid, wins in pool]
+        return self.lineage.skill(random.Random(f"parent of round {r}").choices(ids, weights)[0])
+
     def round(self, r: int) -> bool:
         """Run (or resume) round ``r``; False if a STOP file ended it early."""
         cfg, lin, gate = self.config, self.lineage, self.config.gate
         lin.begin_round(r)
         inc = lin.incumbent()
-        # 1. the incumbent on the train tasks
+        parent = self.parent(r)
+        # 1. the parent on the train tasks
         train = self.tasks("train", r)
-        jobs = [Job("train", r, inc, t, rep) for rep in range(cfg.train_repeats) for t in train]
+        jobs = [Job("train", r, parent, t, rep) for rep in range(cfg.train_repeats) for t in train]
         if not self.run_jobs(jobs):
             return False
         # 2-3. contrastive notes -> proposals -> validation, recorded once
         if not lin.proposed(r):
-            episodes = lin.episodes(inc.id, "train", r)
+            episodes = lin.episodes(parent.id, "train", r)
             notes = build_notes(episodes, max_notes=cfg.max_notes)
             folder = self.run_dir / "rounds" / str(r)
             write_atomic(folder / "notes.md", render_notes(notes) + "\n" if notes else "(no contrast)\n")
             texts = (
-                self.proposer.propose(inc, notes, cfg.proposals, round=r)[: cfg.proposals] if notes else []
+                self.proposer.propose(parent, notes, cfg.proposals, round=r)[: cfg.proposals] if notes else []
             )
             steps = known_steps(notes)
             outcomes = [
-                validate_candidate(t, incumbent=inc, round=r, known_steps=steps, max_chars=cfg.max_chars)
+                read_proposal(t, parent=parent, round=r, known_steps=steps, max_chars=cfg.max_chars)
                 for t in texts
             ]
             lin.record_proposals(r, outcomes)
             solved = sum(e.success for e in episodes)
+            reasons = [reason for _, _, reason in lin.dropped(r)]
             self.log(
-                f"round {r}: incumbent {inc.id} solved {solved}/{len(episodes)} train episodes; "
-                f"{len(notes)} notes; {len(texts)} proposed, {len(lin.dropped(r))} dropped"
+                f"round {r}: parent {parent.id}{' (the incumbent)' if parent.id == inc.id else ''} solved "
+                f"{solved}/{len(episodes)} train episodes; {len(notes)} notes; {len(texts)} proposed, "
+                f"{len(texts) - sum(not well_formed(x) for x in reasons)} well-formed, {len(reasons)} dropped"
             )
         # 4. candidates and incumbent on the same dev tasks and seeds, look by look
         pending = lin.candidates(round=r, status="pending")
@@ -359,7 +379,8 @@ class EvolveLoop:
     # ------------------------------------------------------------------ reporting
 
     def round_rows(self) -> list[dict[str, Any]]:
-        """Per round: incumbent, candidates with their decisions, dev episodes run and planned."""
+        """Per round: incumbent, parent, candidates with their decisions, length and share of the parent they
+        dropped, proposals well-formed, dev episodes run and planned, the incumbent's length after the round."""
         lin, cfg = self.lineage, self.config
         rows = []
         for r in range(1, lin.current_round() + 1):
@@ -367,21 +388,32 @@ class EvolveLoop:
             inc_id = lin.round_incumbent(r) or lin.incumbent().id
             run = len(lin.graded(inc_id, DEV, r)) + sum(len(lin.graded(c.skill.id, DEV, r)) for c in cands)
             planned = (1 + len(cands)) * cfg.dev_tasks * cfg.repeats if cands else 0
+            dropped = [reason for _, _, reason in lin.dropped(r)]
+            after = lin.round_winner(r) or inc_id
             rows.append(
                 {
                     "round": r,
                     "incumbent": inc_id,
+                    "parent": lin.round_parent(r),
                     "finished": lin.round_finished(r),
                     "candidates": [
                         {
                             "skill": c.skill.id,
+                            "parent": c.skill.parent,
                             "status": c.status,
                             "predicts": c.skill.predicts,
                             "decision": c.decision,
+                            "chars": len(c.skill.body),
+                            "removed_share": round(share, 3),
+                            "flagged": share > cfg.max_removed_share,
                         }
                         for c in cands
+                        for share in [removed_share(lin.skill(c.skill.parent or inc_id).body, c.skill.body)]
                     ],
-                    "dropped": [reason for _, _, reason in lin.dropped(r)],
+                    "dropped": dropped,
+                    "proposed": len(cands) + len(dropped),
+                    "well_formed": len(cands) + sum(well_formed(reason) for reason in dropped),
+                    "skill_chars": len(lin.skill(after).body),
                     "dev_episodes_run": run,
                     "dev_episodes_planned": planned,
                 }
@@ -399,6 +431,9 @@ class EvolveLoop:
             "rounds": rows,
             "dev_episodes_run": sum(r["dev_episodes_run"] for r in rows),
             "dev_episodes_planned": sum(r["dev_episodes_planned"] for r in rows),
+            "proposals": sum(r["proposed"] for r in rows),
+            "well_formed": sum(r["well_formed"] for r in rows),
+            "pool": [{"skill": sid, "wins": wins} for sid, wins in self.lineage.pool()],
             "episodes": self.lineage.episode_count(),
             "test": final,
         }

@@ -1,12 +1,15 @@
-"""Proposers: from contrastive notes and the incumbent skill to N candidate rewrites.
+"""Proposers: from contrastive notes and a parent skill to N candidate proposals.
 
-A :class:`Proposer` returns raw candidate documents (frontmatter + body, see :mod:`ctxrl.evolve.skill`); the
-round validates each with :func:`ctxrl.evolve.skill.validate_candidate` and drops, never repairs, what fails.
-Every candidate must cite the note steps it targets (``targets: [n1.B.s7] ...``) and predict its effect
-(``predicts: ...``).
+A :class:`Proposer` returns raw proposals, JSON objects of the shape :mod:`ctxrl.evolve.proposal` describes (a
+few edits of the parent's rules, or in the ``rewrite`` style a whole new body); the round reads each with
+:func:`ctxrl.evolve.proposal.read_proposal` and drops, never repairs, what fails. Every proposal must cite the
+note steps it targets and predict its effect.
 
-- :class:`ChatProposer`: any chat model behind a ``complete(messages) -> str`` function, one call per
-  candidate. The policy model itself can propose through its engine this way (self-evolution).
+- :class:`ChatProposer`: any chat model behind ``complete(messages, schema) -> str``, one call per proposal.
+  ``schema`` is :func:`~ctxrl.evolve.proposal.proposal_schema` for this parent and these notes; a completer
+  that can constrain decoding to it does (:func:`engine_complete` on an engine with structured outputs, the
+  policy model proposing: self-evolution; :class:`OpenAIChat` with ``response_format``), one that cannot asks
+  in words and the validation catches what is malformed.
 - :class:`OpenAIProposer`: a :class:`ChatProposer` over an OpenAI-compatible ``/v1/chat/completions`` endpoint
   (a vLLM server, a hosted API), with the standard library's HTTP client: a timeout per request, retries
   with exponential backoff on connection errors, timeouts, HTTP 429 and 5xx, and one clear error naming the
@@ -16,9 +19,10 @@ Every candidate must cite the note steps it targets (``targets: [n1.B.s7] ...``)
   threshold (:data:`ctxrl.env.skills.COMPACT_SENTENCE`, which the scripted managers read): failures that passed
   the context limit or got urgent nudges lower it;
   successes that cost more because they edited more often raise it. Each of its N candidates moves the
-  threshold by a different step, cites the steps that showed the problem and predicts the direction of the
-  effect. A policy whose behaviour follows that sentence (the scripted skill-reading manager) can then improve
-  under evolution; a real model reads it as an instruction like any other.
+  threshold by a different step (a ``revise`` of the rule that states it, or an ``add`` when none does), cites
+  the steps that showed the problem and predicts the direction of the effect. A policy whose behaviour follows
+  that sentence (the scripted skill-reading manager) can then improve under evolution; a real model reads it as
+  an instruction like any other.
 """
 
 from __future__ import annotations
@@ -29,16 +33,22 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from ctxrl.env.skills import COMPACT_PATTERN, COMPACT_SENTENCE, DEFAULT_COMPACT_PERCENT, compact_percent
 from ctxrl.errors import CtxrlError
 from ctxrl.evolve.config import EvolveConfig
-from ctxrl.evolve.notes import ContrastNote, render_notes
+from ctxrl.evolve.notes import ContrastNote, known_steps, render_notes
+from ctxrl.evolve.proposal import MAX_EDITS, ProposalStyle, proposal_schema
+from ctxrl.evolve.rules import itemise, numbered
 from ctxrl.evolve.skill import MAX_BODY_CHARS, Skill
 
 Message = dict[str, str]
+Schema = dict[str, Any]
+Complete = Callable[[list[Message], "Schema | None"], str]
+"""``complete(messages, schema) -> text``: one chat completion, constrained to ``schema`` where the backend
+can."""
 
 
 class ProposerError(CtxrlError):
@@ -46,72 +56,102 @@ class ProposerError(CtxrlError):
 
 
 class Proposer(Protocol):
-    """Contrastive notes + the incumbent skill -> ``n`` raw candidate documents for ``round``."""
+    """Contrastive notes + the parent skill -> ``n`` raw proposals for ``round``."""
 
-    def propose(
-        self, incumbent: Skill, notes: Sequence[ContrastNote], n: int, *, round: int
-    ) -> list[str]: ...
+    def propose(self, parent: Skill, notes: Sequence[ContrastNote], n: int, *, round: int) -> list[str]: ...
 
 
 # ------------------------------------------------------------------------------------------- the prompt
 
-INSTRUCTIONS = """You improve a context-management skill: the markdown text in an agent's system prompt that \
-tells it how to manage its limited context window. You get the current skill and contrastive notes: for each \
-task, a better run (A) and a worse run (B) of the same skill, one line per step (s0 is the first step) with the \
-context size after the step, the calls, the context receipts and the budget nudges.
+_TASK = """You improve a context-management skill: the rules in an agent's system prompt that tell it how to \
+manage its limited context window. You get the current skill and contrastive notes: for each task, a better run \
+(A) and a worse run (B) of the same skill, one line per step (s0 is the first step) with the context size after \
+the step, the calls, the context receipts and the budget nudges.
 
-Write ONE full rewrite of the skill that would turn the worse runs into the better ones. Reply with the skill \
-document only: no code fence, nothing before or after it. The document is:
+"""
+EDIT_INSTRUCTIONS = (
+    _TASK
+    + """The skill is shown one rule per line, each with its id in brackets. Propose at \
+most {max_edits} small edits that would turn the worse runs into the better ones; every rule you do not name \
+stays as it is. Reply with one JSON object and nothing else:
 
----
-mode: {mode}
-parent: {parent}
-round: {round}
-targets: <citations of the steps your rewrite targets, e.g. [n1.B.s7] [n2.B.s12], copied from the notes>
-predicts: <one line: the effect you expect on success and on cost>
----
-<the new skill, markdown, at most {max_chars} characters>"""
+{{"targets": ["[n1.B.s7]"], "predicts": "<one line: the effect on success and on cost>", "edits": \
+[{{"op": "revise", "rule": "<id>", "text": "<the new rule>"}}, {{"op": "add", "text": "<a new rule>"}}, \
+{{"op": "remove", "rule": "<id>"}}]}}
+
+targets are the steps your edits address, copied from the notes."""
+)
+REWRITE_INSTRUCTIONS = (
+    _TASK
+    + """Write ONE full rewrite of the skill that would turn the worse runs into the \
+better ones. Reply with one JSON object and nothing else:
+
+{{"targets": ["[n1.B.s7]"], "predicts": "<one line: the effect on success and on cost>", "body": "<the new \
+skill, markdown, at most {max_chars} characters>"}}
+
+targets are the steps your rewrite addresses, copied from the notes."""
+)
 
 
 def proposer_messages(
-    incumbent: Skill, notes: Sequence[ContrastNote], *, round: int, variant: int
+    parent: Skill,
+    notes: Sequence[ContrastNote],
+    *,
+    round: int,
+    variant: int,
+    style: ProposalStyle = "edits",
+    max_chars: int = MAX_BODY_CHARS,
 ) -> list[Message]:
-    """The chat messages asking for one candidate (``variant`` numbers the candidates of one round, so a
-    sampled model is nudged to give different rewrites)."""
-    system = INSTRUCTIONS.format(
-        mode=incumbent.mode, parent=incumbent.id, round=round, max_chars=MAX_BODY_CHARS
-    )
+    """The chat messages asking for one proposal (``variant`` numbers the proposals of one round, so a
+    sampled model is nudged to give different ones)."""
+    if style == "edits":
+        system = EDIT_INSTRUCTIONS.format(max_edits=MAX_EDITS)
+        shown = numbered(itemise(parent.body))
+    else:
+        system = REWRITE_INSTRUCTIONS.format(max_chars=max_chars)
+        shown = parent.body
     user = (
-        f"Current skill (id {incumbent.id}):\n\n{incumbent.body}\n\n"
+        f"Current skill:\n\n{shown}\n\n"
         f"Contrastive notes:\n\n{render_notes(notes)}\n\n"
-        f"Write candidate {variant + 1}."
+        f"Write proposal {variant + 1} (round {round})."
     )
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
 @dataclass
 class ChatProposer:
-    """One chat completion per candidate, through ``complete(messages) -> text`` (a served model, or the
-    policy model through its engine)."""
+    """One chat completion per proposal, through ``complete(messages, schema) -> text`` (a served model, or
+    the policy model through its engine)."""
 
-    complete: Callable[[list[Message]], str]
+    complete: Complete
+    style: ProposalStyle = "edits"
+    max_chars: int = MAX_BODY_CHARS
 
-    def propose(self, incumbent: Skill, notes: Sequence[ContrastNote], n: int, *, round: int) -> list[str]:
+    def propose(self, parent: Skill, notes: Sequence[ContrastNote], n: int, *, round: int) -> list[str]:
+        schema = proposal_schema(parent, known_steps(notes), style=self.style, max_chars=self.max_chars)
         return [
-            self.complete(proposer_messages(incumbent, notes, round=round, variant=i)).strip()
+            self.complete(
+                proposer_messages(
+                    parent, notes, round=round, variant=i, style=self.style, max_chars=self.max_chars
+                ),
+                schema,
+            ).strip()
             for i in range(n)
         ]
 
 
-def engine_complete(engine: Any, tokenizer: Any, sampling: Any) -> Callable[[list[Message]], str]:
-    """``complete(messages)`` through a generation engine (self-evolution: the policy model proposes): the
-    messages rendered with ``tokenizer``'s chat template, one ``engine.generate`` call, the text decoded."""
+def engine_complete(engine: Any, tokenizer: Any, sampling: Any, *, structured: bool) -> Complete:
+    """``complete(messages, schema)`` through a generation engine (self-evolution: the policy model proposes):
+    the messages rendered with ``tokenizer``'s chat template, one ``engine.generate`` call, the text decoded.
+    ``structured``: the engine constrains decoding to the schema (``EngineSpec.structured_outputs``); else the
+    schema is only described in the prompt."""
 
-    def complete(messages: list[Message]) -> str:
+    def complete(messages: list[Message], schema: Schema | None) -> str:
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # some tokenizers return an encoding
             ids = ids["input_ids"]
-        (gen,) = engine.generate([list(ids)], sampling)
+        params = replace(sampling, json_schema=json.dumps(schema)) if structured and schema else sampling
+        (gen,) = engine.generate([list(ids)], params)
         text: str = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
         return text
 
@@ -126,7 +166,9 @@ _EVOLVE = EvolveConfig()  # the client's defaults are the evolve section's: one 
 
 @dataclass
 class OpenAIChat:
-    """``complete(messages)`` over an OpenAI-compatible ``POST {base_url}/chat/completions``."""
+    """``complete(messages, schema)`` over an OpenAI-compatible ``POST {base_url}/chat/completions``; with
+    ``response_format`` on, a schema goes along as ``response_format: {"type": "json_schema", ...}`` (vLLM's
+    server and hosted APIs with structured outputs constrain the answer to it)."""
 
     base_url: str
     """E.g. ``http://127.0.0.1:8000/v1`` (a vLLM server) or ``https://api.openai.com/v1``."""
@@ -139,6 +181,8 @@ class OpenAIChat:
     """Wait before retry i: backoff_s * 2**i."""
     temperature: float = _EVOLVE.proposer_temperature
     max_tokens: int = _EVOLVE.proposer_max_tokens
+    response_format: bool = _EVOLVE.proposer_response_format
+    """Send the proposal schema as ``response_format`` (off for an endpoint that refuses the field)."""
     sleep: Callable[[float], None] = time.sleep
 
     @classmethod
@@ -154,21 +198,26 @@ class OpenAIChat:
             retries=config.proposer_retries,
             temperature=config.proposer_temperature,
             max_tokens=config.proposer_max_tokens,
+            response_format=config.proposer_response_format,
         )
 
     @property
     def url(self) -> str:
         return self.base_url.rstrip("/") + "/chat/completions"
 
-    def __call__(self, messages: list[Message]) -> str:
-        body = json.dumps(
-            {
-                "model": self.model,
-                "messages": messages,
-                "temperature": self.temperature,
-                "max_tokens": self.max_tokens,
+    def __call__(self, messages: list[Message], schema: Schema | None = None) -> str:
+        payload: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+        }
+        if schema is not None and self.response_format:
+            payload["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "proposal", "schema": schema, "strict": True},
             }
-        ).encode("utf-8")
+        body = json.dumps(payload).encode("utf-8")
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
@@ -214,16 +263,20 @@ def _content(raw: bytes, url: str) -> str:
 class OpenAIProposer:
     """A :class:`ChatProposer` over an OpenAI-compatible endpoint (options: those of :class:`OpenAIChat`)."""
 
-    def __init__(self, chat: OpenAIChat) -> None:
+    def __init__(
+        self, chat: OpenAIChat, style: ProposalStyle = "edits", max_chars: int = MAX_BODY_CHARS
+    ) -> None:
         self.chat = chat
+        self.style = style
+        self.max_chars = max_chars
 
     @classmethod
     def from_config(cls, config: EvolveConfig, api_key: str | None = None) -> OpenAIProposer:
         """The proposer of an evolve section with ``proposer: openai``."""
-        return cls(OpenAIChat.from_config(config, api_key))
+        return cls(OpenAIChat.from_config(config, api_key), config.proposal_style, config.max_chars)
 
-    def propose(self, incumbent: Skill, notes: Sequence[ContrastNote], n: int, *, round: int) -> list[str]:
-        return ChatProposer(self.chat).propose(incumbent, notes, n, round=round)
+    def propose(self, parent: Skill, notes: Sequence[ContrastNote], n: int, *, round: int) -> list[str]:
+        return ChatProposer(self.chat, self.style, self.max_chars).propose(parent, notes, n, round=round)
 
 
 # ------------------------------------------------------------------------------------------- offline
@@ -244,11 +297,15 @@ def with_compact_percent(body: str, percent: int) -> str:
 
 
 class OfflineProposer:
-    """Deterministic rule-based rewrites of the compaction threshold (see the module docstring). Not a model:
+    """Deterministic rule-based edits of the compaction threshold (see the module docstring). Not a model:
     for tests and the CPU quickstart. Returns fewer than ``n`` (possibly none) when the notes show nothing to
-    act on or the threshold is at its bound."""
+    act on or the threshold is at its bound. ``style``: ``edits`` (revise or add the rule stating it) or
+    ``rewrite`` (the whole body with the sentence changed)."""
 
-    def propose(self, incumbent: Skill, notes: Sequence[ContrastNote], n: int, *, round: int) -> list[str]:
+    def __init__(self, style: ProposalStyle = "edits") -> None:
+        self.style = style
+
+    def propose(self, parent: Skill, notes: Sequence[ContrastNote], n: int, *, round: int) -> list[str]:
         pressure: list[str] = []  # citations of steps where a worse run hit the limit or got urgent nudges
         for note in notes:
             run = note.worse
@@ -260,7 +317,7 @@ class OfflineProposer:
         for note in notes:
             if note.kind == "cost" and len(note.worse.edit_steps) > len(note.better.edit_steps):
                 over_editing.extend(f"[{note.label}.B.s{s}]" for s in note.worse.edit_steps[:2])
-        current = compact_percent(incumbent.body) or DEFAULT_PERCENT
+        current = compact_percent(parent.body) or DEFAULT_PERCENT
         if pressure:
             targets, steps, sign = pressure, LOWER_STEPS, -1
             why = f"{len(pressure)} cited step(s) of failed runs were at or past the limit"
@@ -280,12 +337,27 @@ class OfflineProposer:
             if percent == current or percent in seen:
                 continue
             seen.add(percent)
-            body = with_compact_percent(incumbent.body, percent)
-            out.append(
-                "---\n"
-                f"mode: {incumbent.mode}\nparent: {incumbent.id}\nround: {round}\n"
-                f"targets: {' '.join(dict.fromkeys(targets[:6]))}\n"
-                f"predicts: threshold {current}% -> {percent}% ({why}): {predicts}\n"
-                f"---\n{body}\n"
-            )
+            proposal: dict[str, Any] = {
+                "targets": list(dict.fromkeys(targets[:6])),
+                "predicts": f"threshold {current}% -> {percent}% ({why}): {predicts}",
+            }
+            if self.style == "edits":
+                proposal["edits"] = [_threshold_edit(parent.body, percent)]
+            else:
+                proposal["body"] = with_compact_percent(parent.body, percent)
+            out.append(json.dumps(proposal))
         return out
+
+
+def _threshold_edit(body: str, percent: int) -> dict[str, str]:
+    """The edit that sets ``body``'s compaction threshold to ``percent``: a revise of the first rule stating
+    one, else an added rule."""
+    sentence = COMPACT_SENTENCE.format(percent=percent)
+    for rule in itemise(body):
+        if COMPACT_PATTERN.search(rule.text):
+            return {
+                "op": "revise",
+                "rule": rule.id,
+                "text": COMPACT_PATTERN.sub(sentence, rule.text, count=1),
+            }
+    return {"op": "add", "text": sentence}

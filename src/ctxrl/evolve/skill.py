@@ -49,6 +49,9 @@ _KEY = re.compile(r"^([a-z_]+):[ \t]*(.*)$")
 _HEX16 = re.compile(r"^[0-9a-f]{16}$")
 KEYS = ("id", "mode", "parent", "round", "targets", "predicts")
 """The frontmatter keys, in the order they are written."""
+MALFORMED = "malformed: "
+"""The prefix of a drop reason that says the proposal was not in the asked form (a broken frontmatter, no
+citation, no prediction), as against well-formed proposals that failed a check of content."""
 
 
 class SkillFormatError(CtxrlError):
@@ -170,55 +173,58 @@ class Dropped:
 def validate_candidate(
     text: str,
     *,
-    incumbent: Skill,
+    parent: Skill,
     round: int,
     known_steps: frozenset[str] | None = None,
     max_chars: int = MAX_BODY_CHARS,
 ) -> Skill | Dropped:
-    """Check one proposed rewrite of ``incumbent``; return it as a :class:`Skill` of ``round`` or a
-    :class:`Dropped` with the first reason it fails.
+    """Check one proposed rewrite of ``parent``; return it as a :class:`Skill` of ``round`` or a
+    :class:`Dropped` with the first reason it fails (prefixed :data:`MALFORMED` when the document is not in the
+    asked form).
 
     Required of the document: a well-formed frontmatter block (see :func:`split_frontmatter`); ``mode`` equal
-    to the incumbent's; ``parent``, when given, equal to the incumbent's id; ``id``, when given, equal to the
+    to the parent's; ``parent``, when given, equal to the parent's id; ``id``, when given, equal to the
     id of the body; ``targets`` with at least one citation ``[n<k>.<A|B>.s<step>]`` and nothing else; when
     ``known_steps`` is given, every citation among them (a citation of a step that no note shows is invented);
     a non-empty ``predicts``; a non-empty body of at most ``max_chars`` characters that differs from the
-    incumbent's. Nothing is repaired.
+    parent's. Nothing is repaired.
     """
     try:
         keys, body = split_frontmatter(text)
         targets = _citations(keys.get("targets", ""))
     except SkillFormatError as exc:
-        return Dropped(text, str(exc))
+        return Dropped(text, f"{MALFORMED}{exc}")
     mode = keys.get("mode", "")
     if not mode:
-        return Dropped(text, "frontmatter lacks 'mode'")
-    if mode != incumbent.mode:
-        return Dropped(text, f"mode {mode!r} does not match the incumbent's {incumbent.mode!r}")
+        return Dropped(text, f"{MALFORMED}frontmatter lacks 'mode'")
     if not body:
-        return Dropped(text, "empty body")
+        return Dropped(text, f"{MALFORMED}empty body")
+    if not targets:
+        return Dropped(text, f"{MALFORMED}no citation of the steps it targets (targets: [n1.B.s7] ...)")
+    if not keys.get("predicts"):
+        return Dropped(text, f"{MALFORMED}no predicted effect (predicts: ...)")
+    if mode != parent.mode:
+        return Dropped(text, f"mode {mode!r} does not match the parent's {parent.mode!r}")
     if len(body) > max_chars:
         return Dropped(text, f"body of {len(body)} characters exceeds the cap of {max_chars}")
-    if body == incumbent.body.strip():
-        return Dropped(text, "body identical to the incumbent's")
-    if "parent" in keys and keys["parent"] != incumbent.id:
-        return Dropped(text, f"parent {keys['parent'][:40]!r} is not the incumbent {incumbent.id}")
+    if body == parent.body.strip():
+        return Dropped(text, "body identical to the parent's")
+    if "parent" in keys and keys["parent"] != parent.id:
+        return Dropped(
+            text, f"parent {keys['parent'][:40]!r} is not the skill it was asked to edit ({parent.id})"
+        )
     if "id" in keys and keys["id"] != skill_id(body):
         return Dropped(text, f"id {keys['id'][:40]!r} is not the id of the body")
     if "round" in keys and keys["round"] != str(round):
         return Dropped(text, f"round {keys['round'][:20]!r} is not the current round {round}")
-    if not targets:
-        return Dropped(text, "no citation of the steps it targets (targets: [n1.B.s7] ...)")
     if known_steps is not None:
         unknown = [c for c in targets if c not in known_steps]
         if unknown:
             return Dropped(text, f"cites steps no note shows: {' '.join(unknown[:5])}")
-    if not keys.get("predicts"):
-        return Dropped(text, "no predicted effect (predicts: ...)")
     return Skill(
         body=body,
         mode=mode,
-        parent=incumbent.id,
+        parent=parent.id,
         round=round,
         targets=targets,
         predicts=keys["predicts"],

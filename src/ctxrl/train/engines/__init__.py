@@ -61,6 +61,9 @@ class EngineSpec:
     server (CUDA only), or not at all."""
     cached_tokens: bool
     """Reports ``num_cached_tokens`` from a real prefix cache (a server: when it runs with the flag)."""
+    structured_outputs: bool
+    """Constrains decoding to ``SamplingConfig.json_schema`` (vLLM's structured outputs); the others refuse a
+    schema."""
 
     def loads_weights(self, config: EngineConfig) -> bool:
         """Whether building it reads the weights in ``model_dir`` (checked first as a causal LM)."""
@@ -118,10 +121,10 @@ def _scripted(cfg: EngineConfig, model_dir: Path | None, tokenizer: Any, policy:
 ENGINES: dict[str, EngineSpec] = {
     spec.name: spec
     for spec in (
-        EngineSpec("vllm", _vllm, True, False, False, True, True, "in-process", True),
-        EngineSpec("vllm-server", _vllm_server, True, False, True, True, True, "nccl", True),
-        EngineSpec("hf", _hf, True, False, False, True, True, "in-process", False),
-        EngineSpec("scripted", _scripted, False, True, False, True, False, "none", False),
+        EngineSpec("vllm", _vllm, True, False, False, True, True, "in-process", True, True),
+        EngineSpec("vllm-server", _vllm_server, True, False, True, True, True, "nccl", True, True),
+        EngineSpec("hf", _hf, True, False, False, True, True, "in-process", False, False),
+        EngineSpec("scripted", _scripted, False, True, False, True, False, "none", False, False),
     )
 }
 ENGINE_NAMES: tuple[str, ...] = tuple(ENGINES)

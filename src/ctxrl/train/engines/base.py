@@ -97,6 +97,9 @@ class SamplingConfig:
     """Token ids that end generation in addition to the model's EOS; the stop token is kept in the output."""
     ignore_eos: bool = False
     """Keep generating past EOS and stop ids (benchmarks and tests that need a fixed length)."""
+    json_schema: str | None = None
+    """A JSON schema (as JSON text) the output must follow, enforced by constrained decoding; only engines
+    whose registry entry has ``structured_outputs`` take it, the others raise :class:`EngineError`."""
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -176,6 +179,16 @@ def aborted(reason: str) -> Generation:
     return Generation(
         token_ids=[], logprobs=[], finish_reason="abort", num_cached_tokens=0, extra={"reason": reason}
     )
+
+
+def refuse_json_schema(sampling: SamplingConfig, engine: str) -> None:
+    """Raise :class:`EngineError` when ``sampling`` asks for a JSON schema of an engine that cannot enforce one
+    (generating unconstrained text instead would pass it off as constrained)."""
+    if sampling.json_schema is not None:
+        raise EngineError(
+            f"the {engine} engine cannot constrain output to a JSON schema; use vllm or vllm-server "
+            "(structured outputs), or leave sampling.json_schema unset"
+        )
 
 
 def new_token_budgets(

@@ -23,6 +23,7 @@ from ctxrl.train.engines.base import (
     Weights,
     iter_named_weights,
     new_token_budgets,
+    refuse_json_schema,
     too_long,
 )
 from ctxrl.train.engines.model_dir import check_causal_lm_dir
@@ -95,6 +96,7 @@ class HFEngine:
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Generation]:
         """Generate for every prompt with left-padded batched ``generate`` (contract in ``engines.base``)."""
+        refuse_json_schema(sampling, "hf")
         budgets = new_token_budgets(prompts, sampling, self.max_model_len, self.vocab_size)
         results: list[Generation] = []
         for start in range(0, len(prompts), self.batch_size):

@@ -23,6 +23,7 @@ from ctxrl.train.engines.base import (
     SamplingConfig,
     Weights,
     new_token_budgets,
+    refuse_json_schema,
     too_long,
 )
 
@@ -54,6 +55,7 @@ class ScriptedEngine:
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Generation]:
         """Ask the policy once per prompt; sampling settings other than the token budget are ignored."""
+        refuse_json_schema(sampling, "scripted")
         budgets = new_token_budgets(prompts, sampling, self.max_model_len, vocab_size=len(self.tokenizer))
         results = []
         for prompt, budget in zip(prompts, budgets):

@@ -187,6 +187,8 @@ class VLLMServerEngine:
             "return_token_ids": True,
             "skip_special_tokens": False,
         }
+        if sampling.json_schema is not None:  # vLLM's structured outputs (constrained decoding)
+            payload["structured_outputs"] = {"json": json.loads(sampling.json_schema)}
         answer = _request(
             f"{self.base_url}/v1/completions", payload, timeout=self.timeout, retries=self.retries
         )

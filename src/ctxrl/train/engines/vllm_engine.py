@@ -94,6 +94,7 @@ class VLLMEngine:
             if budget == 0:
                 results[i] = too_long(len(prompts[i]), self.max_model_len)
         if run:
+            structured = _structured(sampling)
             params = [
                 SamplingParams(
                     n=1,
@@ -105,6 +106,7 @@ class VLLMEngine:
                     ignore_eos=sampling.ignore_eos,
                     logprobs=0,  # the sampled token's logprob only
                     detokenize=False,
+                    structured_outputs=structured,
                 )
                 for i in run
             ]
@@ -187,3 +189,12 @@ def _to_generation(out: Any) -> Generation:
         finish_reason=reason,
         num_cached_tokens=int(out.num_cached_tokens or 0),
     )
+
+
+def _structured(sampling: SamplingConfig) -> Any:
+    """vLLM's ``StructuredOutputsParams`` for ``sampling.json_schema`` (None without one)."""
+    if sampling.json_schema is None:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    return StructuredOutputsParams(json=sampling.json_schema)
