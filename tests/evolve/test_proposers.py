@@ -186,13 +186,13 @@ def test_closed_port_names_the_url() -> None:
 def test_chat_proposer_over_any_completion_function() -> None:
     seen: list[int] = []
 
-    def complete(messages: list[dict[str, str]], schema: dict[str, Any] | None) -> str:
+    def complete(conversations: list[list[dict[str, str]]], schema: dict[str, Any] | None) -> list[str]:
         assert schema is not None and "body" in schema["required"]  # the rewrite style's schema
-        seen.append(len(messages))
-        return " text "
+        seen.extend(len(messages) for messages in conversations)
+        return [" text "] * len(conversations)
 
     assert ChatProposer(complete, "rewrite").propose(INC, [], 3, round=2) == ["text"] * 3
-    assert seen == [2, 2, 2]
+    assert seen == [2, 2, 2]  # the round's proposals in one call
 
 
 def test_engine_complete_renders_the_chat_and_decodes_one_generation() -> None:
@@ -214,14 +214,14 @@ def test_engine_complete_renders_the_chat_and_decodes_one_generation() -> None:
 
     messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "write candidate 1"}]
     complete = engine_complete(Echo(), tokenizer, SamplingConfig(temperature=0.0), structured=True)
-    text = complete(messages, {"type": "object"})
+    (text,) = complete([messages], {"type": "object"})
     assert text == "---\nmode: file\n---\nbody"
     (prompt,) = seen
     rendered = tokenizer.decode(prompt)
     assert "write candidate 1" in rendered and rendered.rstrip().endswith("assistant")
     # the schema reaches the engine only where it can enforce it
     engine_complete(Echo(), tokenizer, SamplingConfig(temperature=0.0), structured=False)(
-        messages, {"type": "object"}
+        [messages], {"type": "object"}
     )
     assert schemas == ['{"type": "object"}', None]
 

@@ -116,6 +116,8 @@ def test_the_schema_allows_only_the_parents_rules_and_the_notes_citations() -> N
     props = schema["properties"]
     assert props["targets"]["items"]["enum"] == sorted(CITES)
     add, revise, remove = props["edits"]["items"]["anyOf"]
+    assert props["edits"]["maxItems"] == 1  # one edit a proposal by default: no rule can be named twice
+    assert proposal_schema(PARENT, CITES, style="edits", max_edits=3)["properties"]["edits"]["maxItems"] == 3
     assert revise["properties"]["rule"]["enum"] == [r.id for r in RULES]
     assert remove["required"] == ["op", "rule"] and add["required"] == ["op", "text"]
     assert all(s["additionalProperties"] is False for s in (schema, add, revise, remove))

@@ -448,10 +448,12 @@ def test_the_report_reads_the_evolution_loops_lineage_store(tmp_path: Path) -> N
     con = sqlite3.connect(tmp_path / "lineage.sqlite")
     con.execute(
         "INSERT INTO candidates (id, parent, round, slot, mode, text, status, decision, created) "
-        "VALUES ('cand1', ?, 1, 0, 'file', 'x', 'decided', 'accept', 0)",
-        (seed,),
+        "VALUES ('cand1', ?, 1, 0, 'file', ?, 'decided', 'accept', 0)",
+        (seed, "---\nmode: file\nparent: none\nround: 1\n---\n## Body\nten chars"),
     )
     for skill, split, task, score, cost in [
+        (seed, "dev", "t1", 0.0, 100.0),  # the seed ran the same dev tasks: cand1 is best on t1
+        (seed, "dev", "t2", 0.0, 100.0),
         ("cand1", "dev", "t1", 1.0, 100.0),
         ("cand1", "dev", "t2", 0.0, 300.0),
         ("cand1", "test", "t3", 0.0, 900.0),  # the test split never counts here
@@ -466,6 +468,15 @@ def test_the_report_reads_the_evolution_loops_lineage_store(tmp_path: Path) -> N
     assert why is None and candidates is not None
     [cand] = [c for c in candidates if c.id == "cand1"]
     assert (cand.parent, cand.round, cand.score, cand.cost, cand.decision) == (seed, 1, 0.5, 200.0, "decided")
+    assert cand.chars == len("## Body\nten chars") and cand.in_pool
+    [first] = [c for c in candidates if c.id == seed]
+    assert first.in_pool and first.chars == len(lineage.seed().body)  # the incumbent: always in the pool
+    lineage.close()
+    # the page shows the lineage, the skill-length curve and the pool
+    page, plots = render_report(read_run(tmp_path), max_episodes=0)
+    assert {"plot-evolve-lineage", "plot-evolve-length"} <= {p.id for p in plots}
+    table = page[page.index('id="evolve-table"') :]
+    assert '<th class="">chars</th>' in table and table.count(">in the pool</td>") == 2
 
 
 def test_a_pipeline_folder_is_read_from_its_stage_subfolders(tmp_path: Path) -> None:

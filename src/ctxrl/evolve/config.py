@@ -12,10 +12,10 @@ from typing import Literal
 
 from ctxrl.errors import ConfigError
 from ctxrl.evolve.gate import CtxrlGate
+from ctxrl.evolve.proposal import MAX_EDITS, ProposalStyle
 from ctxrl.evolve.skill import MAX_BODY_CHARS
 
 ProposerName = Literal["offline", "openai", "self"]
-ProposalStyle = Literal["edits", "rewrite"]
 ParentRule = Literal["pool", "incumbent"]
 
 
@@ -67,6 +67,10 @@ class EvolveConfig:
     proposal_style: ProposalStyle = "edits"
     """``edits``: a proposal is a few add / revise / remove operations on the parent's itemised rules, which
     keep every rule they do not name (:mod:`ctxrl.evolve.rules`); ``rewrite``: a whole new body."""
+    max_edits: int = MAX_EDITS
+    """``edits`` style: most operations in one proposal. With more than one a proposal can name a rule twice,
+    which the JSON schema cannot forbid (it is then dropped as malformed); the proposals of a round explore
+    several edits either way."""
     parents: ParentRule = "pool"
     """Where a round's proposals start from: ``pool``, a skill drawn from the Pareto pool (the incumbent and
     every candidate best on at least one dev task it ran, :meth:`ctxrl.evolve.lineage.Lineage.pool`), weighted
@@ -91,7 +95,17 @@ class EvolveConfig:
     :func:`ctxrl.evolve.gepa_adapter.planned_episodes`)."""
 
     def __post_init__(self) -> None:
-        for name in ("rounds", "proposals", "train_tasks", "dev_tasks", "repeats", "test_tasks", "max_notes"):
+        names = (
+            "rounds",
+            "proposals",
+            "train_tasks",
+            "dev_tasks",
+            "repeats",
+            "test_tasks",
+            "max_notes",
+            "max_edits",
+        )
+        for name in names:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.train_repeats < 2:

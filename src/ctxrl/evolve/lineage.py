@@ -41,7 +41,7 @@ from typing import Any
 
 from ctxrl.errors import CtxrlError
 from ctxrl.evolve.gate import GateDecision
-from ctxrl.evolve.skill import Dropped, Skill, parse_skill, seed_skill
+from ctxrl.evolve.skill import Dropped, Skill, SkillFormatError, parse_skill, seed_skill, split_frontmatter
 from ctxrl.train.trajectory import EpisodeRecord
 
 DB_NAME = "lineage.sqlite"
@@ -105,6 +105,10 @@ class CandidateSummary:
     """Mean score of its dev episodes in its round (None: none graded yet)."""
     cost: float | None
     status: str
+    chars: int = 0
+    """Length of its body in characters (the skill-length curve)."""
+    in_pool: bool = False
+    """In the Pareto pool (:func:`pareto_pool`)."""
 
 
 def read_candidates(path: str | Path) -> list[CandidateSummary]:
@@ -117,10 +121,12 @@ def read_candidates(path: str | Path) -> list[CandidateSummary]:
         raise LineageError(f"{path.name}: cannot open it ({exc})") from None
     try:
         rows = con.execute(
-            'SELECT c."id", c."parent", c."round", AVG(e."score"), AVG(e."cost"), c."status" '
+            'SELECT c."id", c."parent", c."round", AVG(e."score"), AVG(e."cost"), c."status", c."text" '
             'FROM candidates c LEFT JOIN episodes e ON e."skill" = c."id" AND e."split" = \'dev\' '
             'AND e."round" = c."round" GROUP BY c."id" ORDER BY c."round", c.rowid'
         ).fetchall()
+        incumbent = con.execute("SELECT value FROM meta WHERE key = 'incumbent'").fetchone()
+        pool = dict(pareto_pool(con, None if incumbent is None else str(incumbent[0])))
     except sqlite3.Error as exc:
         raise LineageError(f"{path.name} is no lineage database ({exc})") from None
     finally:
@@ -133,9 +139,43 @@ def read_candidates(path: str | Path) -> list[CandidateSummary]:
             None if score is None else float(score),
             None if cost is None else float(cost),
             str(status),
+            _body_chars(str(text)),
+            str(cid) in pool,
         )
-        for cid, parent, rnd, score, cost, status in rows
+        for cid, parent, rnd, score, cost, status, text in rows
     ]
+
+
+def _body_chars(text: str) -> int:
+    """Length of a stored skill's body (the whole text where it has no frontmatter)."""
+    try:
+        return len(split_frontmatter(text)[1])
+    except SkillFormatError:
+        return len(text.strip())
+
+
+def pareto_pool(
+    conn: sqlite3.Connection, incumbent: str | None, before_round: int | None = None
+) -> list[tuple[str, int]]:
+    """The Pareto pool of a lineage database (see :meth:`Lineage.pool`): ``(skill id, wins)``."""
+    sql = "SELECT round, task_id, seed, skill, AVG(score) FROM episodes WHERE split = 'dev'"
+    args: tuple[int, ...] = ()
+    if before_round is not None:
+        sql += " AND round < ?"
+        args = (before_round,)
+    rows = conn.execute(sql + " GROUP BY round, task_id, seed, skill", args).fetchall()
+    by_task: dict[tuple[int, str, int], dict[str, float]] = defaultdict(dict)
+    for rnd, task, seed, skill, score in rows:
+        by_task[(rnd, task, seed)][skill] = float(score)
+    wins: dict[str, int] = defaultdict(int)
+    for scores in by_task.values():
+        best, worst = max(scores.values()), min(scores.values())
+        if best > worst:
+            for skill, score in scores.items():
+                if score == best:
+                    wins[skill] += 1
+    order = [row[0] for row in conn.execute("SELECT id FROM candidates ORDER BY round, slot, rowid")]
+    return [(sid, wins.get(sid, 0)) for sid in order if sid == incumbent or wins.get(sid, 0) > 0]
 
 
 def _slim(record: EpisodeRecord) -> str:
@@ -508,27 +548,7 @@ class Lineage:
         it scored lower (a task every skill solves equally picks no one). Only rounds before ``before_round``
         count (all when None), so a round's draw from the pool does not change when the round is resumed.
         """
-        sql = "SELECT round, task_id, seed, skill, AVG(score) FROM episodes WHERE split = 'dev'"
-        args: tuple[int, ...] = ()
-        if before_round is not None:
-            sql += " AND round < ?"
-            args = (before_round,)
-        rows = self._conn.execute(sql + " GROUP BY round, task_id, seed, skill", args).fetchall()
-        by_task: dict[tuple[int, str, int], dict[str, float]] = defaultdict(dict)
-        for rnd, task, seed, skill, score in rows:
-            by_task[(rnd, task, seed)][skill] = float(score)
-        wins: dict[str, int] = defaultdict(int)
-        for scores in by_task.values():
-            best, worst = max(scores.values()), min(scores.values())
-            if best > worst:
-                for skill, score in scores.items():
-                    if score == best:
-                        wins[skill] += 1
-        incumbent = self._meta("incumbent")
-        order = [
-            row[0] for row in self._conn.execute("SELECT id FROM candidates ORDER BY round, slot, rowid")
-        ]
-        return [(sid, wins.get(sid, 0)) for sid in order if sid == incumbent or wins.get(sid, 0) > 0]
+        return pareto_pool(self._conn, self._meta("incumbent"), before_round)
 
     def episodes(self, skill_id: str, split: str, round: int) -> list[EpisodeRecord]:
         """The recorded episodes (without token ids and logprobs), in (task, seed, repeat) order."""

@@ -33,8 +33,9 @@ from ctxrl.evolve.skill import CITATION, MALFORMED, MAX_BODY_CHARS, Dropped, Ski
 ProposalStyle = Literal["edits", "rewrite"]
 STYLES: tuple[ProposalStyle, ...] = ("edits", "rewrite")
 
-MAX_EDITS = 3
-"""Most operations in one ``edits`` proposal: small, itemised changes."""
+MAX_EDITS = 1
+"""Default of the most operations in one ``edits`` proposal (``evolve.max_edits``): with more than one, a
+proposal can name a rule twice, which no JSON schema forbids (such a proposal is dropped as malformed)."""
 MAX_RULE_CHARS = 400
 """Most characters of one added or revised rule."""
 MAX_TARGETS = 6
@@ -44,11 +45,17 @@ __all__ = ["MALFORMED", "STYLES", "ProposalStyle", "proposal_schema", "read_prop
 
 
 def proposal_schema(
-    parent: Skill, citations: Iterable[str], *, style: ProposalStyle, max_chars: int = MAX_BODY_CHARS
+    parent: Skill,
+    citations: Iterable[str],
+    *,
+    style: ProposalStyle,
+    max_chars: int = MAX_BODY_CHARS,
+    max_edits: int = MAX_EDITS,
 ) -> dict[str, Any]:
     """The JSON schema of a proposal on ``parent``: ``targets`` drawn from ``citations`` (the notes' shown
-    steps; any citation-shaped string when there are none), a bounded ``predicts``, and either ``edits``
-    naming only ``parent``'s rule ids or a ``body`` of at most ``max_chars`` characters."""
+    steps; any citation-shaped string when there are none), a bounded ``predicts``, and either 1 to
+    ``max_edits`` ``edits`` naming only ``parent``'s rule ids or a ``body`` of at most ``max_chars``
+    characters."""
     cites = sorted(set(citations))
     target: dict[str, Any] = (
         {"type": "string", "enum": cites} if cites else {"type": "string", "pattern": CITATION.pattern}
@@ -64,7 +71,7 @@ def proposal_schema(
         if ids:
             ops.append(_op({"op": {"const": "revise"}, "rule": {"enum": ids}, "text": text}))
             ops.append(_op({"op": {"const": "remove"}, "rule": {"enum": ids}}))
-        properties["edits"] = {"type": "array", "items": {"anyOf": ops}, "minItems": 1, "maxItems": MAX_EDITS}
+        properties["edits"] = {"type": "array", "items": {"anyOf": ops}, "minItems": 1, "maxItems": max_edits}
     else:
         properties["body"] = {"type": "string", "minLength": 1, "maxLength": max_chars}
     return {

@@ -46,9 +46,9 @@ from ctxrl.evolve.skill import MAX_BODY_CHARS, Skill
 
 Message = dict[str, str]
 Schema = dict[str, Any]
-Complete = Callable[[list[Message], "Schema | None"], str]
-"""``complete(messages, schema) -> text``: one chat completion, constrained to ``schema`` where the backend
-can."""
+Complete = Callable[[list[list[Message]], "Schema | None"], list[str]]
+"""``complete(conversations, schema) -> texts``: one chat completion per conversation (batched where the backend
+can), each constrained to ``schema`` where the backend can."""
 
 
 class ProposerError(CtxrlError):
@@ -71,15 +71,16 @@ the step, the calls, the context receipts and the budget nudges.
 """
 EDIT_INSTRUCTIONS = (
     _TASK
-    + """The skill is shown one rule per line, each with its id in brackets. Propose at \
-most {max_edits} small edits that would turn the worse runs into the better ones; every rule you do not name \
-stays as it is. Reply with one JSON object and nothing else:
+    + """The skill is shown one rule per line, each with its id in brackets. Propose {edits} \
+that would turn the worse runs into the better ones: revise a rule (new text for it), remove one, or add a new \
+rule at the end; every rule you do not name stays as it is. Reply with one JSON object and nothing else, for \
+example:
 
-{{"targets": ["[n1.B.s7]"], "predicts": "<one line: the effect on success and on cost>", "edits": \
-[{{"op": "revise", "rule": "<id>", "text": "<the new rule>"}}, {{"op": "add", "text": "<a new rule>"}}, \
-{{"op": "remove", "rule": "<id>"}}]}}
+{{"targets": ["[n2.B.s5]"], "predicts": "fewer wrong answers after compaction; cost a little higher", "edits": \
+[{{"op": "revise", "rule": "r3f2a", "text": "- Before you compact, copy every key and value you still need \
+into the replacement note."}}]}}
 
-targets are the steps your edits address, copied from the notes."""
+targets are the steps your edit addresses, copied from the notes; rule is the id of a rule of the skill."""
 )
 REWRITE_INSTRUCTIONS = (
     _TASK
@@ -101,11 +102,15 @@ def proposer_messages(
     variant: int,
     style: ProposalStyle = "edits",
     max_chars: int = MAX_BODY_CHARS,
+    max_edits: int = MAX_EDITS,
 ) -> list[Message]:
     """The chat messages asking for one proposal (``variant`` numbers the proposals of one round, so a
     sampled model is nudged to give different ones)."""
     if style == "edits":
-        system = EDIT_INSTRUCTIONS.format(max_edits=MAX_EDITS)
+        edits = (
+            "one small edit" if max_edits == 1 else f"at most {max_edits} small edits, each of another rule"
+        )
+        system = EDIT_INSTRUCTIONS.format(edits=edits)
         shown = numbered(itemise(parent.body))
     else:
         system = REWRITE_INSTRUCTIONS.format(max_chars=max_chars)
@@ -120,40 +125,50 @@ def proposer_messages(
 
 @dataclass
 class ChatProposer:
-    """One chat completion per proposal, through ``complete(messages, schema) -> text`` (a served model, or
-    the policy model through its engine)."""
+    """One chat completion per proposal, all of a round in one ``complete(conversations, schema)`` call (a
+    served model, or the policy model through its engine, which batches them)."""
 
     complete: Complete
     style: ProposalStyle = "edits"
     max_chars: int = MAX_BODY_CHARS
+    max_edits: int = MAX_EDITS
 
     def propose(self, parent: Skill, notes: Sequence[ContrastNote], n: int, *, round: int) -> list[str]:
-        schema = proposal_schema(parent, known_steps(notes), style=self.style, max_chars=self.max_chars)
-        return [
-            self.complete(
-                proposer_messages(
-                    parent, notes, round=round, variant=i, style=self.style, max_chars=self.max_chars
-                ),
-                schema,
-            ).strip()
+        schema = proposal_schema(
+            parent, known_steps(notes), style=self.style, max_chars=self.max_chars, max_edits=self.max_edits
+        )
+        conversations = [
+            proposer_messages(
+                parent,
+                notes,
+                round=round,
+                variant=i,
+                style=self.style,
+                max_chars=self.max_chars,
+                max_edits=self.max_edits,
+            )
             for i in range(n)
         ]
+        return [text.strip() for text in self.complete(conversations, schema)]
 
 
 def engine_complete(engine: Any, tokenizer: Any, sampling: Any, *, structured: bool) -> Complete:
-    """``complete(messages, schema)`` through a generation engine (self-evolution: the policy model proposes):
-    the messages rendered with ``tokenizer``'s chat template, one ``engine.generate`` call, the text decoded.
-    ``structured``: the engine constrains decoding to the schema (``EngineSpec.structured_outputs``); else the
-    schema is only described in the prompt."""
+    """``complete(conversations, schema)`` through a generation engine (self-evolution: the policy model
+    proposes): each conversation rendered with ``tokenizer``'s chat template, one batched ``engine.generate``
+    call, the texts decoded. ``structured``: the engine constrains decoding to the schema
+    (``EngineSpec.structured_outputs``); else the schema is only described in the prompt."""
 
-    def complete(messages: list[Message], schema: Schema | None) -> str:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # some tokenizers return an encoding
-            ids = ids["input_ids"]
+    def complete(conversations: list[list[Message]], schema: Schema | None) -> list[str]:
+        prompts = []
+        for messages in conversations:
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # some tokenizers return an encoding
+                ids = ids["input_ids"]
+            prompts.append(list(ids))
         params = replace(sampling, json_schema=json.dumps(schema)) if structured and schema else sampling
-        (gen,) = engine.generate([list(ids)], params)
-        text: str = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-        return text
+        return [
+            tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in engine.generate(prompts, params)
+        ]
 
     return complete
 
@@ -246,6 +261,10 @@ class OpenAIChat:
             f"proposer endpoint {self.url} unreachable after {self.retries + 1} attempts ({last})"
         )
 
+    def complete_all(self, conversations: list[list[Message]], schema: Schema | None = None) -> list[str]:
+        """:data:`Complete` over the endpoint: one request per conversation, in turn."""
+        return [self(messages, schema) for messages in conversations]
+
 
 def _content(raw: bytes, url: str) -> str:
     try:
@@ -264,19 +283,23 @@ class OpenAIProposer:
     """A :class:`ChatProposer` over an OpenAI-compatible endpoint (options: those of :class:`OpenAIChat`)."""
 
     def __init__(
-        self, chat: OpenAIChat, style: ProposalStyle = "edits", max_chars: int = MAX_BODY_CHARS
+        self,
+        chat: OpenAIChat,
+        style: ProposalStyle = "edits",
+        max_chars: int = MAX_BODY_CHARS,
+        max_edits: int = MAX_EDITS,
     ) -> None:
         self.chat = chat
-        self.style = style
-        self.max_chars = max_chars
+        self.proposer = ChatProposer(chat.complete_all, style, max_chars, max_edits)
 
     @classmethod
     def from_config(cls, config: EvolveConfig, api_key: str | None = None) -> OpenAIProposer:
         """The proposer of an evolve section with ``proposer: openai``."""
-        return cls(OpenAIChat.from_config(config, api_key), config.proposal_style, config.max_chars)
+        chat = OpenAIChat.from_config(config, api_key)
+        return cls(chat, config.proposal_style, config.max_chars, config.max_edits)
 
     def propose(self, parent: Skill, notes: Sequence[ContrastNote], n: int, *, round: int) -> list[str]:
-        return ChatProposer(self.chat, self.style, self.max_chars).propose(parent, notes, n, round=round)
+        return self.proposer.propose(parent, notes, n, round=round)
 
 
 # ------------------------------------------------------------------------------------------- offline

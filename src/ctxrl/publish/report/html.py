@@ -29,6 +29,7 @@ from ctxrl.publish.report.plots import (
     plot_metrics,
     plot_pareto,
     plot_rounds,
+    plot_skill_length,
     plot_timeline,
 )
 from ctxrl.publish.report.views import eval_points, pick_episodes, rollout_points
@@ -149,9 +150,10 @@ def trend_line(rows: Sequence[MetricRow]) -> str:
 
 
 def _candidate_table(candidates: Sequence[Candidate], limit: int = 200) -> str:
+    columns = [*CANDIDATE_COLUMNS, "chars", "pool"]
     out = ['<table id="evolve-table"><thead><tr>']
     out += [
-        f'<th class="{"l" if c in ("id", "parent", "decision") else ""}">{c}</th>' for c in CANDIDATE_COLUMNS
+        f'<th class="{"l" if c in ("id", "parent", "decision", "pool") else ""}">{c}</th>' for c in columns
     ]
     out.append("</tr></thead><tbody>")
     for c in candidates[:limit]:
@@ -162,6 +164,8 @@ def _candidate_table(candidates: Sequence[Candidate], limit: int = 200) -> str:
             (_fmt(c.score, ".3f"), ""),
             (_fmt(c.cost, ".4g"), ""),
             (c.decision or "—", "l"),
+            ("—" if c.chars is None else f"{c.chars:,}", ""),
+            ("—" if c.in_pool is None else ("in the pool" if c.in_pool else ""), "l"),
         ]
         out.append("<tr>" + "".join(f'<td class="{k}">{_e(v)}</td>' for v, k in cells) + "</tr>")
     out.append("</tbody></table>")
@@ -272,6 +276,8 @@ def render_report(run: RunData, *, max_episodes: int = 6) -> tuple[str, list[Plo
         section("Evaluation", "eval", [head, eval_table(run.eval["summary"])])
     if run.candidates:
         new = [plot_rounds(run.candidates), plot_lineage(run.candidates)]
+        if any(c.chars is not None for c in run.candidates):
+            new.append(plot_skill_length(run.candidates))
         plots += new
         section("Evolution", "evolution", [*(_figure_html(p) for p in new), _candidate_table(run.candidates)])
     notes = "".join(f"<p>{_e(n)}</p>" for n in run.notes)

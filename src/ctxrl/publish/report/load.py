@@ -133,6 +133,10 @@ class Candidate:
     score: float | None
     cost: float | None
     decision: str
+    chars: int | None = None
+    """Length of the skill body in characters (the lineage store has it; None for other databases)."""
+    in_pool: bool | None = None
+    """In the evolution's Pareto pool (the lineage store says; None for other databases)."""
 
 
 @dataclass
@@ -252,7 +256,9 @@ def load_candidates(path: str | Path) -> tuple[list[Candidate] | None, str | Non
             found = read_candidates(path)
         except LineageError as exc:
             return None, str(exc)
-        return [Candidate(c.id, c.parent, c.round, c.score, c.cost, c.status) for c in found], None
+        return [
+            Candidate(c.id, c.parent, c.round, c.score, c.cost, c.status, c.chars, c.in_pool) for c in found
+        ], None
     if missing:
         return None, f"{path.name}: table 'candidates' lacks column(s) {', '.join(missing)}"
     out = []

@@ -385,3 +385,32 @@ def plot_lineage(candidates: Sequence[Candidate]) -> Plot:
     ax.set_ylabel("candidates of the round")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return Plot("plot-evolve-lineage", title, _svg(fig))
+
+
+@_styled
+def plot_skill_length(candidates: Sequence[Candidate]) -> Plot:
+    """Every candidate's skill length (characters) by round, coloured by decision, with the seed's as a line: a
+    collapse (a rewrite that drops most of the skill) or a creep shows here."""
+    from matplotlib.ticker import MaxNLocator
+
+    colors = _decision_colors(candidates)
+    fig = _figure(7.5, 3.4)
+    ax = fig.add_subplot()
+    sized = [(c.round, c.chars, c.decision) for c in candidates if c.chars is not None]
+    for decision, color in colors.items():
+        sel = [(r, n) for r, n, d in sized if d == decision]
+        if sel:
+            ax.scatter(
+                [r for r, _ in sel], [n for _, n in sel], color=color, s=28, label=decision or "(none)"
+            )
+    seed = [n for r, n, _ in sized if r == 0]
+    if seed:
+        ax.axhline(seed[0], color="#555555", lw=1.0, ls="--", label="seed")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    title = "Evolution: skill length per round"
+    ax.set_title(title)
+    ax.set_xlabel("round")
+    ax.set_ylabel("characters")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return Plot("plot-evolve-length", title, _svg(fig))
