@@ -130,7 +130,9 @@ def test_two_rounds_evolve_and_record_everything(clean: tuple[Path, dict[str, An
     assert summary["rounds_finished"] == 2 and not summary["stopped"]
     assert summary["test"]["seed"]["skill"] == seed_skill("file").id
     assert summary["test"]["final"]["skill"] == summary["incumbent"] != seed_skill("file").id
-    assert (run / "report.md").read_text().count("| 1 |") == 3
+    report = (run / "report.md").read_text()
+    assert report.count("| 1 |") == 3
+    assert f"Proposals well-formed: {summary['well_formed']} of {summary['proposals']}." in report
 
 
 def test_the_gate_reads_the_dev_split_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -210,6 +212,8 @@ def test_a_rewrite_that_drops_most_of_its_parent_is_flagged(tmp_path: Path) -> N
         families=FAMILIES, difficulty="easy", runner=FakeRunner(), proposer=Collapse(), log=lambda _: None,
     )  # fmt: skip
     (row,) = loop.round_rows() if loop.round(1) else []
-    loop.close()
     (cand,) = row["candidates"]
     assert cand["flagged"] and cand["removed_share"] > 0.9 and cand["chars"] == len("## Context\nBe brief.")
+    loop.write_report()
+    loop.close()
+    assert "(flagged: drops" in (tmp_path / "report.md").read_text()

@@ -455,15 +455,26 @@ class EvolveLoop:
             for c in row["candidates"]:
                 d = c["decision"] or {}
                 p = d.get("p_superior")
+                flag = f" (flagged: drops {c['removed_share']:.0%} of its parent)" if c["flagged"] else ""
                 lines.append(
-                    f"| {row['round']} | `{row['incumbent']}` | `{c['skill']}` | {c['predicts'][:60]} | "
+                    f"| {row['round']} | `{row['incumbent']}` | `{c['skill']}`{flag} | {c['predicts'][:60]} | "
                     f"{c['status']} ({d.get('branch', '-')}) | {d.get('n_tasks', '-')}/{d.get('n_planned', '-')} | "
                     f"{d.get('d', float('nan')):+.3f} | {'-' if p is None else f'{p:.4f}'} | "
                     f"{d.get('alpha_k', float('nan')):.4f} |"
                 )
         run = sum(r["dev_episodes_run"] for r in rows)
         planned = sum(r["dev_episodes_planned"] for r in rows)
-        lines += ["", f"Dev episodes run {run} of {planned} planned (saved by early stops: {planned - run})."]
+        proposed = sum(r["proposed"] for r in rows)
+        formed = sum(r["well_formed"] for r in rows)
+        pool = ", ".join(f"`{sid}` ({wins})" for sid, wins in self.lineage.pool())
+        lines += [
+            "",
+            f"Dev episodes run {run} of {planned} planned (saved by early stops: {planned - run}).",
+            f"Proposals well-formed: {formed} of {proposed}. Skill length after each round (characters): "
+            + (", ".join(str(r["skill_chars"]) for r in rows) or "-")
+            + ".",
+            f"Pareto pool (tasks best on): {pool}.",
+        ]
         if summary and summary.get("test"):
             t = summary["test"]
             lines += [
