@@ -148,3 +148,31 @@ def test_offline_proposer_raises_the_threshold_for_over_editing_and_stays_in_bou
     low = Skill(with_compact_percent(inc.body, 20), "file", None, 0)
     over = build_notes([overflow_failure("t", 0), quick_success("t", 1)])
     assert OfflineProposer().propose(low, over, 3, round=1) == []
+
+
+def test_a_chat_proposer_leaves_out_the_last_notes_until_the_answer_fits() -> None:
+    from ctxrl.evolve.proposers import ChatProposer
+
+    inc = seed_skill("file")
+    notes = build_notes(
+        [e for t in ("t1", "t2", "t3") for e in (overflow_failure(t, 0), quick_success(t, 1))]
+    )
+    assert [n.label for n in notes] == ["n1", "n2", "n3"]
+    asked: list[tuple[str, dict]] = []
+
+    def complete(conversations: list, schema: dict | None) -> list[str]:
+        asked.extend((c[1]["content"], schema) for c in conversations)
+        return ["{}"] * len(conversations)
+
+    def fits(messages: list) -> bool:  # room for two notes only
+        return "note n3" not in messages[1]["content"]
+
+    proposer = ChatProposer(complete, fits=fits)
+    assert len(proposer.propose(inc, notes, 2, round=1)) == 2 and proposer.notes_shown == 2
+    content, schema = asked[0]
+    assert "note n2" in content and "note n3" not in content
+    assert all(c.startswith(("[n1.", "[n2.")) for c in schema["properties"]["targets"]["items"]["enum"])
+    # nothing fits: nothing is asked
+    asked.clear()
+    never = ChatProposer(complete, fits=lambda m: False)
+    assert never.propose(inc, notes, 2, round=1) == [] and asked == [] and never.notes_shown == 0

@@ -224,6 +224,13 @@ def test_engine_complete_renders_the_chat_and_decodes_one_generation() -> None:
         [messages], {"type": "object"}
     )
     assert schemas == ['{"type": "object"}', None]
+    # fits: the prompt and a whole answer within the engine's context
+    chat = engine_complete(Echo(), tokenizer, SamplingConfig(max_new_tokens=10), structured=True)
+    room = len(chat.prompt_ids(messages)) + 10
+    Echo.max_model_len = room  # type: ignore[attr-defined]
+    assert chat.fits(messages)
+    Echo.max_model_len = room - 1  # type: ignore[attr-defined]
+    assert not chat.fits(messages)
 
 
 def test_the_client_is_built_from_the_evolve_section_and_shares_its_defaults() -> None:

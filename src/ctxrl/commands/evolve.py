@@ -220,7 +220,7 @@ def _proposer(config: RunConfig, engine: Any, tokenizer: Any) -> Any:
     sampling = SamplingConfig(temperature=ev.proposer_temperature, max_new_tokens=ev.proposer_max_tokens)
     structured = engine_spec(config.engine.name).structured_outputs
     complete = engine_complete(engine, tokenizer, sampling, structured=structured)
-    return ChatProposer(complete, ev.proposal_style, ev.max_chars, ev.max_edits)
+    return ChatProposer(complete, ev.proposal_style, ev.max_chars, ev.max_edits, fits=complete.fits)
 
 
 def evolve_command(

@@ -294,9 +294,15 @@ class EvolveLoop:
             lin.record_proposals(r, outcomes)
             solved = sum(e.success for e in episodes)
             reasons = [reason for _, _, reason in lin.dropped(r)]
+            shown = getattr(self.proposer, "notes_shown", None)
+            fitted = (
+                f" ({shown} shown: the rest did not fit the context)"
+                if shown not in (None, len(notes))
+                else ""
+            )
             self.log(
                 f"round {r}: parent {parent.id}{' (the incumbent)' if parent.id == inc.id else ''} solved "
-                f"{solved}/{len(episodes)} train episodes; {len(notes)} notes; {len(texts)} proposed, "
+                f"{solved}/{len(episodes)} train episodes; {len(notes)} notes{fitted}; {len(texts)} proposed, "
                 f"{len(texts) - sum(not well_formed(x) for x in reasons)} well-formed, {len(reasons)} dropped"
             )
         # 4. candidates and incumbent on the same dev tasks and seeds, look by look

@@ -126,51 +126,80 @@ def proposer_messages(
 @dataclass
 class ChatProposer:
     """One chat completion per proposal, all of a round in one ``complete(conversations, schema)`` call (a
-    served model, or the policy model through its engine, which batches them)."""
+    served model, or the policy model through its engine, which batches them).
+
+    ``fits(messages)``, when given, says whether a request leaves the model room for a whole answer (the
+    engine's context minus the answer budget); the last notes (the least telling: success-vs-failure notes come
+    first) are left out until it does, so an answer is never cut by the context limit. No note left: nothing
+    is proposed."""
 
     complete: Complete
     style: ProposalStyle = "edits"
     max_chars: int = MAX_BODY_CHARS
     max_edits: int = MAX_EDITS
+    fits: Callable[[list[Message]], bool] | None = None
+    notes_shown: int | None = None
+    """How many notes the last :meth:`propose` showed (after fitting)."""
 
     def propose(self, parent: Skill, notes: Sequence[ContrastNote], n: int, *, round: int) -> list[str]:
-        schema = proposal_schema(
-            parent, known_steps(notes), style=self.style, max_chars=self.max_chars, max_edits=self.max_edits
-        )
-        conversations = [
-            proposer_messages(
+        kept = list(notes)
+
+        def conversation(i: int) -> list[Message]:
+            return proposer_messages(
                 parent,
-                notes,
+                kept,
                 round=round,
                 variant=i,
                 style=self.style,
                 max_chars=self.max_chars,
                 max_edits=self.max_edits,
             )
-            for i in range(n)
-        ]
-        return [text.strip() for text in self.complete(conversations, schema)]
+
+        while self.fits is not None and kept and not self.fits(conversation(n)):
+            kept.pop()
+        self.notes_shown = len(kept)
+        if notes and not kept:
+            return []
+        schema = proposal_schema(
+            parent, known_steps(kept), style=self.style, max_chars=self.max_chars, max_edits=self.max_edits
+        )
+        return [text.strip() for text in self.complete([conversation(i) for i in range(n)], schema)]
 
 
-def engine_complete(engine: Any, tokenizer: Any, sampling: Any, *, structured: bool) -> Complete:
-    """``complete(conversations, schema)`` through a generation engine (self-evolution: the policy model
-    proposes): each conversation rendered with ``tokenizer``'s chat template, one batched ``engine.generate``
-    call, the texts decoded. ``structured``: the engine constrains decoding to the schema
-    (``EngineSpec.structured_outputs``); else the schema is only described in the prompt."""
+@dataclass
+class EngineChat:
+    """:data:`Complete` through a generation engine (self-evolution: the policy model proposes): each
+    conversation rendered with ``tokenizer``'s chat template, one batched ``engine.generate`` call, the texts
+    decoded. ``structured``: the engine constrains decoding to the schema (``EngineSpec.structured_outputs``);
+    else the schema is only described in the prompt."""
 
-    def complete(conversations: list[list[Message]], schema: Schema | None) -> list[str]:
-        prompts = []
-        for messages in conversations:
-            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # some tokenizers return an encoding
-                ids = ids["input_ids"]
-            prompts.append(list(ids))
-        params = replace(sampling, json_schema=json.dumps(schema)) if structured and schema else sampling
-        return [
-            tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in engine.generate(prompts, params)
-        ]
+    engine: Any
+    tokenizer: Any
+    sampling: Any
+    structured: bool
 
-    return complete
+    def prompt_ids(self, messages: list[Message]) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # some tokenizers return an encoding
+            ids = ids["input_ids"]
+        return list(ids)
+
+    def fits(self, messages: list[Message]) -> bool:
+        """Whether the prompt and a whole answer (``sampling.max_new_tokens``) fit the engine's context."""
+        limit = getattr(self.engine, "max_model_len", None)
+        return limit is None or len(self.prompt_ids(messages)) + self.sampling.max_new_tokens <= int(limit)
+
+    def __call__(self, conversations: list[list[Message]], schema: Schema | None) -> list[str]:
+        prompts = [self.prompt_ids(messages) for messages in conversations]
+        structured = self.structured and schema is not None
+        params = replace(self.sampling, json_schema=json.dumps(schema)) if structured else self.sampling
+        gens = self.engine.generate(prompts, params)
+        return [self.tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in gens]
+
+
+def engine_complete(engine: Any, tokenizer: Any, sampling: Any, *, structured: bool) -> EngineChat:
+    """The :class:`EngineChat` of ``engine`` (see there)."""
+    return EngineChat(engine, tokenizer, sampling, structured)
 
 
 # ------------------------------------------------------------------------------------------- HTTP
