@@ -294,7 +294,7 @@ class EvolveLoop:
             lin.record_proposals(r, outcomes)
             solved = sum(e.success for e in episodes)
             reasons = [reason for _, _, reason in lin.dropped(r)]
-            shown = getattr(self.proposer, "notes_shown", None)
+            shown = getattr(self.proposer, "notes_shown", None) if notes else None
             fitted = (
                 f" ({shown} shown: the rest did not fit the context)"
                 if shown not in (None, len(notes))

@@ -49,6 +49,7 @@ from ctxrl.train.engines.base import (
     too_long,
 )
 from ctxrl.train.engines.model_dir import check_causal_lm_dir
+from ctxrl.train.vllm_local import STRUCTURED_OUTPUTS
 
 
 class HTTPError(EngineError):
@@ -308,6 +309,7 @@ class VLLMServer:
             "--model", str(self.model_dir), "--host", "127.0.0.1", "--port", str(self.port),
             "--max-model-len", str(max_model_len or SERVER_MAX_MODEL_LEN), "--dtype", dtype, "--seed", str(seed),
             "--enable-prefix-caching", "--enable-prompt-tokens-details",
+            "--structured-outputs-config", json.dumps(STRUCTURED_OUTPUTS),
             *(["--enforce-eager"] if enforce_eager else []),
             *extra_args,
         ]  # fmt: skip
