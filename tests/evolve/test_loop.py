@@ -217,3 +217,44 @@ def test_a_rewrite_that_drops_most_of_its_parent_is_flagged(tmp_path: Path) -> N
     loop.write_report()
     loop.close()
     assert "(flagged: drops" in (tmp_path / "report.md").read_text()
+
+
+class NoiseRunner:
+    """Every skill equally good: success and cost are a hash of (task, repeat, skill), so any accept is false."""
+
+    def __call__(self, tasks: Sequence[Task], skills: Sequence[str], repeat: int) -> list[EpisodeRecord]:
+        out = []
+        for task, body in zip(tasks, skills):
+            sid = skill_id(body)
+            u = (
+                int.from_bytes(hashlib.sha256(f"{task.task_id}:{repeat}:{sid}".encode()).digest()[:8], "big")
+                / 2**64
+            )
+            ok = u < 0.5
+            steps = [_step(800, []), _step(1900 if not ok else 900, [] if ok else [URGENT])]
+            out.append(
+                EpisodeRecord(
+                    task_id=task.task_id, family=task.family, split=task.split, seed=task.seed,
+                    difficulty=task.difficulty, mode="file", skill_id=sid, group=0, index=repeat,
+                    engine="fake", success=ok, score=float(ok), reward=float(ok),
+                    end_reason="submit" if ok else "overflow", answer=None, verdict="",
+                    cost_tokens=1000.0 + 1000.0 * u, cost_flops=None, steps=steps,
+                )
+            )  # fmt: skip
+        return out
+
+
+def test_with_parents_from_the_pool_every_proposal_still_spends_its_own_alpha(tmp_path: Path) -> None:
+    """A null night (every skill equally good) with parents drawn from the pool: each proposal of the night gets
+    its own number k (the gate's alpha spending goes on across rounds and parents), some round proposes from
+    a skill other than the incumbent, and the gate at alpha = 0.05 accepts none of the noise."""
+    config = replace(CONFIG, rounds=6, gate=CtxrlGate(look_every=4, min_tasks=4))
+    loop = _loop(tmp_path, NoiseRunner(), config)
+    summary = loop.run()
+    with Lineage.open(tmp_path, mode="file") as lin:
+        cands = lin.candidates()
+        ks = [c.proposal_k for c in cands if c.status != "seed"]
+    loop.close()
+    assert len(ks) >= 6 and sorted(ks) == list(range(1, len(ks) + 1))
+    assert any(r["parent"] != r["incumbent"] for r in summary["rounds"])
+    assert all(c["status"] == "rejected" for r in summary["rounds"] for c in r["candidates"])
