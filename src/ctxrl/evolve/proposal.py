@@ -31,7 +31,6 @@ from ctxrl.evolve.rules import Edit, EditError, apply_edits, itemise
 from ctxrl.evolve.skill import CITATION, MALFORMED, MAX_BODY_CHARS, Dropped, Skill, validate_candidate
 
 ProposalStyle = Literal["edits", "rewrite"]
-STYLES: tuple[ProposalStyle, ...] = ("edits", "rewrite")
 
 MAX_EDITS = 1
 """Default of the most operations in one ``edits`` proposal (``evolve.max_edits``): with more than one, a
@@ -41,7 +40,7 @@ MAX_RULE_CHARS = 400
 MAX_TARGETS = 6
 MAX_PREDICTS_CHARS = 200
 
-__all__ = ["MALFORMED", "STYLES", "ProposalStyle", "proposal_schema", "read_proposal", "well_formed"]
+__all__ = ["MALFORMED", "ProposalStyle", "proposal_schema", "read_proposal", "well_formed"]
 
 
 def proposal_schema(

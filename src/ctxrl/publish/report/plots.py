@@ -306,6 +306,21 @@ def _decision_colors(candidates: Sequence[Candidate]) -> dict[str, str]:
     return {d: _DECISION_COLORS.get(d.lower()) or next(palette) for d in decisions}
 
 
+def _scatter_by_decision(ax: Any, points: Sequence[tuple[int, Any, str]], colors: dict[str, str]) -> None:
+    """One scatter series per decision of ``(round, value, decision)`` points, in the decision's colour."""
+    for decision, color in colors.items():
+        sel = [(r, v) for r, v, d in points if d == decision]
+        if sel:
+            ax.scatter(
+                [r for r, _ in sel],
+                [v for _, v in sel],
+                color=color,
+                s=28,
+                label=decision or "(none)",
+                zorder=3,
+            )
+
+
 @_styled
 def plot_rounds(candidates: Sequence[Candidate]) -> Plot:
     """Every candidate's score by round, coloured by decision, and the best score so far."""
@@ -315,17 +330,7 @@ def plot_rounds(candidates: Sequence[Candidate]) -> Plot:
     fig = _figure(7.5, 3.8)
     ax = fig.add_subplot()
     scored = [(c.round, c.score, c.decision) for c in candidates if c.score is not None]
-    for decision, color in colors.items():
-        sel = [(r, score) for r, score, d in scored if d == decision]
-        if sel:
-            ax.scatter(
-                [r for r, _ in sel],
-                [score for _, score in sel],
-                color=color,
-                s=28,
-                label=decision or "(none)",
-                zorder=3,
-            )
+    _scatter_by_decision(ax, scored, colors)
     rounds = sorted({r for r, _, _ in scored})
     best, running = [], -math.inf
     for rnd in rounds:
@@ -397,12 +402,7 @@ def plot_skill_length(candidates: Sequence[Candidate]) -> Plot:
     fig = _figure(7.5, 3.4)
     ax = fig.add_subplot()
     sized = [(c.round, c.chars, c.decision) for c in candidates if c.chars is not None]
-    for decision, color in colors.items():
-        sel = [(r, n) for r, n, d in sized if d == decision]
-        if sel:
-            ax.scatter(
-                [r for r, _ in sel], [n for _, n in sel], color=color, s=28, label=decision or "(none)"
-            )
+    _scatter_by_decision(ax, sized, colors)
     seed = [n for r, n, _ in sized if r == 0]
     if seed:
         ax.axhline(seed[0], color="#555555", lw=1.0, ls="--", label="seed")
