@@ -3,7 +3,8 @@ ranks (``accelerate launch`` with no GPU present), plain DDP and DeepSpeed ZeRO-
 
 Each rank appends a line per step to ``<out>/ranks/rank-<r>.jsonl`` (its pid, the task ids it rolled out, and
 at the checkpoint the SHA-256 of its trainable weights); the tests read those to see that two processes ran,
-that they rolled out different tasks, and that their weights are bit-for-bit equal after the steps.
+that they rolled out different tasks, and that their weights are bit-for-bit equal after the steps; a
+negative control runs the same launch with the gradient all-reduce switched off and sees the ranks diverge.
 
 Why weight decay and a KL term: the random tiny model never writes a well-formed tool call, so every episode
 gets the same reward and the policy-gradient term is zero. Step 1's decoupled weight decay moves the policy
@@ -131,6 +132,66 @@ def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.slow
 def test_two_gloo_ranks_train_on_different_tasks_and_end_with_equal_weights(ddp_run: Path) -> None:
     check_two_ranks(ddp_run)
+
+
+NO_ALLREDUCE = """
+import sys
+
+import ctxrl.train.distributed as distributed
+from ctxrl.cli import main
+
+
+def never_sync(acc, model, last):
+    acc.sync_gradients = last
+    return acc.no_sync(model)  # DDP's all-reduce skipped on every backward, the last one too
+
+
+distributed.sync_context = never_sync
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_without_the_gradient_all_reduce_the_ranks_diverge(ddp_run: Path, tmp_path: Path) -> None:
+    """The negative control of the test above: the same launch with DDP's all-reduce switched off (every
+    backward under ``no_sync``) ends with weights that differ between the ranks, so the equal hashes there are
+    the all-reduce's doing, not an update too small to tell the ranks apart."""
+    script = tmp_path / "no_allreduce.py"
+    script.write_text(NO_ALLREDUCE)
+    out = tmp_path / "run"
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "WANDB_MODE": "offline",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p),
+    }
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--config_file"]
+    done = subprocess.run(
+        [
+            *launcher,
+            str(ROOT / "configs/accelerate/ddp.yaml"),
+            str(script),
+            "train",
+            *ARGS,
+            "--out",
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=800,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    ranks = rank_lines(out)
+    assert ranks[0][0]["pid"] != ranks[1][0]["pid"]
+    assert [m["tasks"] for m in ranks[1]] == [["retention:easy:1"], ["retention:easy:3"]]  # the same work
+    final = [ranks[r][-1]["params_sha256"] for r in (0, 1)]
+    assert final[0] != final[1], (
+        "the ranks ended equal without the all-reduce: the check above proves nothing"
+    )
+    assert final[0] != rank_lines(ddp_run)[0][-1]["params_sha256"]  # and not the all-reduced weights
 
 
 @pytest.mark.slow

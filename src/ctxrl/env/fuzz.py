@@ -166,6 +166,16 @@ class FuzzReport:
         if len(self.examples) < 20:
             self.examples.append({"kind": kind, **where, "what": what[-2000:]})
 
+    def merge(self, other: FuzzReport) -> None:
+        """Add ``other``'s counts (another worker's) to these; the slowest step of the two; examples up to 20."""
+        self.steps += other.steps
+        self.episodes += other.episodes
+        self.crashes += other.crashes
+        self.stalls += other.stalls
+        self.invariant_breaks += other.invariant_breaks
+        self.max_harness_s = max(self.max_harness_s, other.max_harness_s)
+        self.examples.extend(other.examples[: 20 - len(self.examples)])
+
     def metrics(self) -> dict[str, float]:
         return {
             "steps": float(self.steps),
@@ -220,10 +230,13 @@ def fuzz(
     families: Sequence[str] = tuple(FAMILIES),
     workdir: str | Path | None = None,
     progress: Callable[[FuzzReport], None] | None = None,
+    first: int = 0,
+    stride: int = 1,
 ) -> FuzzReport:
     """Fuzz episodes round-robin over ``modes`` × ``families`` until ``seconds`` pass or ``episodes`` ran
     (whichever is given; both: the first reached). Episode ``k`` uses ``random.Random(f"{seed}-{k}")``, so a
-    failure is reproduced by its seed and episode number."""
+    failure is reproduced by its seed and episode number; this call runs episodes ``first``, ``first +
+    stride``, ... (one worker's share of :func:`fuzz_parallel`)."""
     if seconds is None and episodes is None:
         raise ValueError("give seconds or episodes")
     builder = PromptBuilder(tokenizer)
@@ -232,15 +245,44 @@ def fuzz(
     report = FuzzReport()
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="ctxrl-fuzz-", dir=workdir) as tmp:
-        k = 0
-        while (episodes is None or k < episodes) and (
+        k = first
+        while (episodes is None or report.episodes < episodes) and (
             seconds is None or time.perf_counter() - start < seconds
         ):
             mode, family = cells[k % len(cells)]
             _episode(builder, specials, report, mode, family, seed, k, Path(tmp) / f"ws{k}")
-            k += 1
+            k += stride
             if progress is not None:
                 progress(report)
+    return report
+
+
+def _worker(seconds: float, seed: int, first: int, stride: int) -> FuzzReport:
+    """One process of :func:`fuzz_parallel`: the tiny tokenizer, then its share of the episodes."""
+    from ctxrl.env.tokenizer import load_tokenizer
+
+    return fuzz(load_tokenizer(None), seconds=seconds, seed=seed, first=first, stride=stride)
+
+
+def fuzz_parallel(seconds: float, *, seed: int = 0, workers: int = 1) -> FuzzReport:
+    """:func:`fuzz` for ``seconds`` in ``workers`` processes (the tiny tokenizer), one report.
+
+    Most of a fuzzed step's wall time is its sandbox commands waiting on their limits (``sleep 60`` waits
+    out the timeout), so processes past the core count still add steps. Worker ``i`` runs episodes ``i``,
+    ``i + workers``, ...: each episode is the one a single process would have run under that number."""
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, not {workers}")
+    if workers == 1:
+        return _worker(seconds, seed, 0, 1)
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # spawn, not fork: the caller may hold threads (a tokenizer's, torch's) that fork would copy half-held
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        parts = [pool.submit(_worker, seconds, seed, i, workers) for i in range(workers)]
+        report = FuzzReport()
+        for part in parts:
+            report.merge(part.result())
     return report
 
 
