@@ -33,7 +33,8 @@ BENCHMARKS: dict[str, str] = {
     "harness": "per-step harness overhead and sandbox overhead",
     "env": "episodes per second of the rollout loop with the scripted policies",
     "rollout": "rollout throughput of the vllm and hf engines on multi-turn episodes past 4k tokens",
-    "train": "training cost: packed rows vs one row per step, and one update vs TRL's GRPOTrainer",
+    "train": "training cost on the tiny model: packed rows vs one row per step, one update vs TRL's GRPOTrainer",
+    "smollm2": "a real model's GRPO step (rollout, update vs the old update, FLOP efficiency) and SFT vs TRL",
     "fuzz": "hostile model outputs through whole steps of every mode and family: crashes, stalls, broken invariants",
 }
 
@@ -119,6 +120,12 @@ def _add_bench(sub: argparse._SubParsersAction[Any]) -> None:
         if name == "fuzz":
             b.add_argument("--seconds", type=float, default=60.0, help="how long to fuzz (default 60)")
             b.add_argument("--seed", type=int, default=0, help="seed of the episodes (default 0)")
+            b.add_argument(
+                "--workers",
+                type=int,
+                default=1,
+                help="processes fuzzing at once (default 1; past the cores helps)",
+            )
         b.set_defaults(run="ctxrl.commands.bench:run_bench")
     a = bsub.add_parser(
         "all", help="every benchmark: one JSON (with the date and machine), one Markdown table"
@@ -129,9 +136,13 @@ def _add_bench(sub: argparse._SubParsersAction[Any]) -> None:
         "--from",
         dest="from_json",
         type=Path,
+        nargs="+",
         default=None,
-        help="render this earlier JSON instead of running",
+        help="render earlier JSON instead of running (several: each bench from the last file that has it)",
     )
+    a.add_argument("--only", default=None, help="run these benches only, comma-separated (e.g. train,fuzz)")
+    a.add_argument("--fuzz-seconds", type=float, default=60.0, help="the fuzz bench's --seconds (default 60)")
+    a.add_argument("--fuzz-workers", type=int, default=1, help="the fuzz bench's --workers (default 1)")
     a.add_argument("--markdown", type=Path, default=None, help="also write the Markdown table to this file")
     a.add_argument(
         "--readme", type=Path, default=None, help="rewrite the table between this file's ctxrl-bench markers"

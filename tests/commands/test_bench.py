@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,12 +27,19 @@ from ctxrl.commands.bench import BENCHMARKS, README_BEGIN, README_END, markdown_
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _figures(path: Path) -> dict[str, float]:
+def _figures(path: Path, flags: frozenset[str] = frozenset()) -> dict[str, float]:
+    """The bench JSON at ``path``: finite positive figures, except ``flags``, which are 0 or 1."""
     data = json.loads(path.read_text())
     assert isinstance(data, dict)
     for key, value in data.items():
-        assert isinstance(value, float) and math.isfinite(value) and value > 0, (key, value)
+        if key in flags:
+            assert value in (0.0, 1.0), (key, value)
+        else:
+            assert isinstance(value, float) and math.isfinite(value) and value > 0, (key, value)
     return data
+
+
+TRAIN_FLAGS = frozenset({"ctxrl_auto_layout_shared", "ctxrl_auto_layout_padded"})
 
 
 def test_bench_harness_quick(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -104,7 +112,17 @@ def test_bench_all_quick_runs_every_bench_into_one_json_table_and_readme(tmp_pat
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     report = json.loads(out.read_text())
-    assert set(report) == {"date", "quick", "complete", "seconds", "load_average", "machine", "benchmarks"}
+    assert set(report) == {
+        "date",
+        "command",
+        "quick",
+        "complete",
+        "seconds",
+        "load_average",
+        "machine",
+        "benchmarks",
+    }
+    assert report["command"] == "ctxrl bench all --quick"
     assert report["complete"] is True
     assert report["quick"] is True and list(report["benchmarks"]) == list(BENCHMARKS)
     machine = report["machine"]
@@ -117,7 +135,10 @@ def test_bench_all_quick_runs_every_bench_into_one_json_table_and_readme(tmp_pat
     for name, metrics in report["benchmarks"].items():
         if name == "fuzz":
             continue  # its failure counts are 0 when all is well
-        assert all(isinstance(v, float) and math.isfinite(v) and v > 0 for v in metrics.values()), metrics
+        assert all(
+            isinstance(v, float) and math.isfinite(v) and (v > 0 or k in TRAIN_FLAGS)
+            for k, v in metrics.items()
+        ), metrics
     rollout = report["benchmarks"]["rollout"]
     libraries = preload.find_libraries()
     assert machine["preload"] == [p.name for p in libraries]
@@ -188,6 +209,92 @@ def test_markdown_table_and_readme_markers_by_hand() -> None:
     assert replace_table(f"a\n{README_BEGIN}\nold\n{README_END}\nb\n", "T") == (
         f"a\n{README_BEGIN}\nT\n{README_END}\nb\n"
     )
+
+
+def _report(date: str, benchmarks: dict[str, dict[str, float]], command: str | None = None) -> dict[str, Any]:
+    report: dict[str, Any] = {
+        "date": date,
+        "quick": False,
+        "seconds": 10.0,
+        "load_average": [1.0, 2.0],
+        "machine": {"cpu": "C", "cores": 2, "versions": {}, "preload": []},
+        "benchmarks": benchmarks,
+    }
+    if command is not None:
+        report["command"] = command
+    return report
+
+
+def test_several_from_files_make_one_table_each_bench_from_the_newest(tmp_path: Path) -> None:
+    """A re-run of some benches (``--only``) updates their rows; the others keep their figures and their date;
+    a report from before the ``smollm2`` bench has its real-model figures read as that bench's."""
+    old = _report(
+        "2026-12-01 02:40 UTC",
+        {
+            "harness": {"h": 1.0},
+            "train": {"packed_step_s": 4.0, "smollm2_update_s": 440.0, "sft_speedup": 1.3},
+            "fuzz": {"steps": 10.0},
+        },
+    )
+    new = _report(
+        "2026-12-03 15:00 UTC", {"train": {"packed_step_s": 2.0}, "fuzz": {"steps": 9e4}}, "ctxrl x"
+    )
+    paths = [tmp_path / "old.json", tmp_path / "new.json"]
+    for path, report in zip(paths, (old, new)):
+        path.write_text(json.dumps(report))
+    readme, table = tmp_path / "README.md", tmp_path / "table.md"
+    readme.write_text(README)
+    argv = ["bench", "all", "--from", *map(str, paths), "--readme", str(readme), "--markdown", str(table)]
+    assert main(argv) == 0
+    lines = table.read_text().splitlines()
+    assert lines[0].startswith("harness, smollm2: Measured 2026-12-01 02:40 UTC by `ctxrl bench all` (10 s)")
+    assert lines[1].startswith("train, fuzz: Measured 2026-12-03 15:00 UTC by `ctxrl x` (10 s) on C, 2 cores")
+    assert lines[2:] == [
+        "",
+        "| bench | metric | value |",
+        "|---|---|---|",
+        "| harness | `h` | 1 |",
+        "| train | `packed_step_s` | 2 |",
+        "| smollm2 | `smollm2_update_s` | 440 |",
+        "| smollm2 | `sft_speedup` | 1.3 |",
+        "| fuzz | `steps` | 9e+04 |",
+    ]
+    assert table.read_text() in readme.read_text()
+    # one merged table is not one report: --json refuses it, in one line, before writing anything
+    assert main([*argv[:-2], "--json", str(tmp_path / "merged.json")]) == 1
+    assert not (tmp_path / "merged.json").exists()
+
+
+def test_bench_all_only_names_benches_and_records_the_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", "all", "--only", "train,nope"]) == 1
+    assert (
+        "--only takes bench names from harness, env, rollout, train, smollm2, fuzz" in capsys.readouterr().err
+    )
+    assert main(["bench", "all", "--only", "fuzz", "--fuzz-workers", "0"]) == 1
+    assert "--fuzz-workers >= 1" in capsys.readouterr().err
+    out = tmp_path / "fuzz.json"
+    command = [
+        "bench",
+        "all",
+        "--only",
+        "fuzz",
+        "--fuzz-seconds",
+        "3",
+        "--fuzz-workers",
+        "2",
+        "--json",
+        str(out),
+    ]
+    assert main(command) == 0
+    report = json.loads(out.read_text())
+    assert list(report["benchmarks"]) == ["fuzz"]
+    assert report["command"] == "ctxrl bench all --only fuzz --fuzz-seconds 3 --fuzz-workers 2"
+    fuzz = report["benchmarks"]["fuzz"]
+    assert fuzz["workers"] == 2 and fuzz["steps"] > 0 and fuzz["episodes"] >= 2  # each worker ran episodes
+    assert (fuzz["crashes"], fuzz["stalls"], fuzz["invariant_breaks"]) == (0, 0, 0), fuzz
+    assert "by `ctxrl bench all --only fuzz --fuzz-seconds 3 --fuzz-workers 2`" in capsys.readouterr().out
 
 
 def test_bench_all_refuses_a_readme_without_markers_and_a_foreign_json(
@@ -287,23 +394,76 @@ def test_reexec_loads_the_libraries_in_a_real_process(tmp_path: Path) -> None:
     assert done.stdout.splitlines() == ["run -", "loaded "]
 
 
-def test_bench_train_quick(tmp_path: Path) -> None:
+def test_bench_train_quick_times_the_trainers_own_update(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every ctxrl side of ``bench train`` is ``grpo_update`` (the trainer's update, clip and step included),
+    and the naive side runs one row per step in padded batches, not packed into long lines."""
+    from ctxrl.train import update as update_module
+    from ctxrl.train.rows import layout_kind
+
+    calls: list[tuple[str, str, int]] = []
+    real = update_module.grpo_update
+
+    def recording(acc: Any, model: Any, optimizer: Any, rows: Any, config: Any, **kw: Any) -> Any:
+        result = real(acc, model, optimizer, rows, config, **kw)
+        calls.append((config.packing, layout_kind(result.layouts[0]), len(rows)))
+        return result
+
+    monkeypatch.setattr(update_module, "grpo_update", recording)
     out = tmp_path / "train.json"
     assert main(["bench", "train", "--quick", "--json", str(out)]) == 0
-    figures = _figures(out)
+    figures = _figures(out, TRAIN_FLAGS)
     assert set(figures) == {
         "packed_vs_naive_tokens",
         "packed_tokens_per_episode",
         "naive_tokens_per_episode",
         "ctxrl_vs_naive_step_time",
         "packed_step_s",
+        "packed_step_spread_s",
         "naive_step_s",
+        "naive_step_spread_s",
         "ctxrl_vs_trl_step_time",
         "ctxrl_padded_vs_trl_step_time",
         "ctxrl_step_s",
+        "ctxrl_step_spread_s",
+        "ctxrl_auto_layout_shared",
+        "ctxrl_auto_layout_padded",
         "ctxrl_padded_step_s",
+        "ctxrl_padded_step_spread_s",
         "trl_step_s",
-        # the real-model section on the tiny model and the scripted file manager (no rollout FLOPs)
+        "trl_step_spread_s",
+    }
+    # --quick: 2 repeats of packed and naive, then a warm-up and 2 repeats of ctxrl auto and ctxrl padded
+    # (TRL's own step between them is not ctxrl's)
+    packed, naive, trl_case = calls[0:4:2], calls[1:4:2], calls[4:]
+    assert len(calls) == 4 + 3 * 2
+    # --quick episodes: a 64-id prompt, 4 steps of 8 generated + 16 observed ids, an edit at step 1 that
+    # halves the editable region; the packed rows: 2 per episode; one row per step: 4 per episode
+    assert all(c[0] == "auto" and c[2] == 4 for c in packed)
+    assert all(c == ("padded", "padded", 8) for c in naive)
+    assert [c[0] for c in trl_case] == ["auto", "padded"] * 3
+    assert figures["ctxrl_auto_layout_shared"] == float(trl_case[0][1] == "shared")
+    # Rows: steps 0-1 (prompt 88 + 8) and steps 2-3 (prompt 112 + 8) = 216 ids;
+    # one row per step: 72 + 96 + 96 + 120 = 384.
+    assert figures["packed_tokens_per_episode"] == 216
+    assert figures["naive_tokens_per_episode"] == 384
+    assert figures["packed_vs_naive_tokens"] == pytest.approx(216 / 384)
+    assert figures["ctxrl_vs_naive_step_time"] == pytest.approx(
+        figures["packed_step_s"] / figures["naive_step_s"]
+    )
+    assert figures["ctxrl_vs_trl_step_time"] == pytest.approx(figures["ctxrl_step_s"] / figures["trl_step_s"])
+    assert figures["ctxrl_padded_vs_trl_step_time"] == pytest.approx(
+        figures["ctxrl_padded_step_s"] / figures["trl_step_s"]
+    )
+
+
+def test_bench_smollm2_quick(tmp_path: Path) -> None:
+    out = tmp_path / "smollm2.json"
+    assert main(["bench", "smollm2", "--quick", "--json", str(out)]) == 0
+    figures = _figures(out)
+    # the real-model section on the tiny model and the scripted file manager (no rollout FLOPs)
+    assert set(figures) == {
         "smollm2_episodes",
         "smollm2_rows",
         "shared_prefix_vs_packed_tokens",
@@ -328,17 +488,4 @@ def test_bench_train_quick(tmp_path: Path) -> None:
     assert figures["matmul_gflops"] > 0 and figures["update_flops_efficiency"] > 0
     assert figures["sft_speedup"] == pytest.approx(
         figures["sft_tokens_per_s"] / figures["sft_trl_tokens_per_s"]
-    )
-    # --quick episodes: a 64-id prompt, 4 steps of 8 generated + 16 observed ids, an edit at step 1 that halves
-    # the editable region. Rows: steps 0-1 (prompt 88 + 8) and steps 2-3 (prompt 112 + 8) = 216 ids;
-    # one row per step: 72 + 96 + 96 + 120 = 384.
-    assert figures["packed_tokens_per_episode"] == 216
-    assert figures["naive_tokens_per_episode"] == 384
-    assert figures["packed_vs_naive_tokens"] == pytest.approx(216 / 384)
-    assert figures["ctxrl_vs_naive_step_time"] == pytest.approx(
-        figures["packed_step_s"] / figures["naive_step_s"]
-    )
-    assert figures["ctxrl_vs_trl_step_time"] == pytest.approx(figures["ctxrl_step_s"] / figures["trl_step_s"])
-    assert figures["ctxrl_padded_vs_trl_step_time"] == pytest.approx(
-        figures["ctxrl_padded_step_s"] / figures["trl_step_s"]
     )

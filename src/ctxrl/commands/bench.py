@@ -4,14 +4,19 @@ a table and writes it with ``--json``. ``--quick`` is a smoke run (fewer repeats
     ctxrl bench harness [--quick] [--json FILE]
     ctxrl bench env [--quick] [--json FILE]
     ctxrl bench rollout [--quick] [--json FILE]
-    ctxrl bench all [--quick] [--json FILE] [--markdown FILE] [--readme README.md]
-    ctxrl bench all --from FILE --readme README.md      # regenerate the README's table from a JSON
+    ctxrl bench train|smollm2|fuzz [--quick] [--json FILE]
+    ctxrl bench all [--quick] [--only NAMES] [--fuzz-seconds N] [--fuzz-workers N] [--json FILE]
+                    [--markdown FILE] [--readme README.md]
+    ctxrl bench all --from FILE [FILE ...] --readme README.md   # regenerate the README's table from JSON
 
-**all**: every benchmark of :data:`BENCHMARKS`, in order, into one JSON (``{"date", "quick", "seconds",
-"load_average", "machine", "benchmarks": {bench: {metric: number}}}``, the machine being CPU model, cores,
-memory, OS, Python, torch / vLLM / transformers versions and the preload libraries found) and one Markdown
-table headed by the date and the machine. ``--readme`` rewrites the table between the README's
-``ctxrl-bench`` marker comments; ``--from`` renders an earlier JSON instead of running.
+**all**: every benchmark of :data:`BENCHMARKS` (or those ``--only`` names), in order, into one JSON
+(``{"date", "command", "quick", "seconds", "load_average", "machine", "benchmarks": {bench: {metric:
+number}}}``, the machine being CPU model, cores, memory, OS, Python, torch / vLLM / transformers versions and
+the preload libraries found) and one Markdown table headed by the date, the command and the machine.
+``--readme`` rewrites the table between the README's ``ctxrl-bench`` marker comments; ``--from`` renders
+earlier JSON instead of running. Several ``--from`` files make one table: each bench from the last file
+that has it, with a heading line per file naming its benches, its date and its machine (so a re-run of
+two benches updates their rows and says so, and the others keep their own date).
 
 **harness**: per-step harness overhead and sandbox overhead.
 
@@ -65,7 +70,10 @@ time is then the engines' start-up (vLLM: ~30-60 s here), twice.
 mode × family on the real sandbox, for ``--seconds`` (default 60; :mod:`ctxrl.env.fuzz` has the grammar and
 the checks). Metrics: ``steps``, ``episodes``, ``crashes`` (an exception out of a step), ``stalls`` (a step
 whose harness time, its sandbox commands excluded, passed 2 s), ``invariant_breaks``, ``max_harness_s``; the
-first failures are printed to stderr with their seed and episode. ``--quick``: one episode per mode.
+first failures are printed to stderr with their seed and episode. ``--workers N`` fuzzes in N processes
+(episode numbers dealt round-robin, so each episode is the one one process would run; most of a step's time
+is sandbox commands waiting out their limits, so N past the core count still adds steps); ``workers`` is
+reported. ``--quick``: one episode per mode.
 """
 
 from __future__ import annotations
@@ -82,11 +90,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ctxrl.commands.bench_train import bench_train
+from ctxrl.commands.bench_train import bench_smollm2, bench_train
 from ctxrl.env.config import HarnessConfig
 from ctxrl.env.context import ChatTemplateCounter, ToolCall, Turn
 from ctxrl.env.ctxfile import parse_context, render_context
@@ -260,22 +268,30 @@ def bench_env(args: argparse.Namespace) -> dict[str, float]:
 def bench_fuzz(args: argparse.Namespace) -> dict[str, float]:
     """``ctxrl bench fuzz``: hostile outputs through whole steps (:mod:`ctxrl.env.fuzz`) for ``--seconds``
     (``--quick``: one episode per mode of one family); the first failures go to stderr."""
-    from ctxrl.env.fuzz import fuzz
+    from ctxrl.env.fuzz import fuzz, fuzz_parallel
     from ctxrl.env.modes import MODES
     from ctxrl.env.tokenizer import load_tokenizer
 
     seconds = float(getattr(args, "seconds", 60.0))
     if not seconds > 0:
         raise UsageError(f"--seconds must be > 0, not {seconds}")
-    tokenizer = load_tokenizer(None)
+    workers = int(getattr(args, "workers", 1))
+    if workers < 1:
+        raise UsageError(f"--workers must be >= 1, not {workers}")
     start = time.perf_counter()
     if args.quick:
-        report = fuzz(tokenizer, episodes=len(MODES), seed=getattr(args, "seed", 0), families=("retention",))
+        report = fuzz(
+            load_tokenizer(None), episodes=len(MODES), seed=getattr(args, "seed", 0), families=("retention",)
+        )
     else:
-        report = fuzz(tokenizer, seconds=seconds, seed=getattr(args, "seed", 0))
+        report = fuzz_parallel(seconds, seed=getattr(args, "seed", 0), workers=workers)
     for example in report.examples:
         print(json.dumps(example), file=sys.stderr)
-    return {**report.metrics(), "seconds": time.perf_counter() - start}
+    return {
+        **report.metrics(),
+        "workers": float(1 if args.quick else workers),
+        "seconds": time.perf_counter() - start,
+    }
 
 
 NEW_TOKENS = 128
@@ -421,6 +437,7 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], dict[str, float]]] = {
     "env": bench_env,
     "rollout": bench_rollout,
     "train": bench_train,
+    "smollm2": bench_smollm2,
     "fuzz": bench_fuzz,
 }
 
@@ -459,23 +476,34 @@ def run_all(args: argparse.Namespace) -> int:
     """
     from ctxrl.commands.common import check_writable_file, write_text
 
+    sources = args.from_json or []
+    if len(sources) > 1 and args.json is not None:
+        raise UsageError("--json takes one report; with several --from files, write --markdown or --readme")
+    names = _bench_names(getattr(args, "only", None))
     for path in (args.json, args.markdown):
         if path is not None:
             check_writable_file(path)
     readme = None if args.readme is None else _read_readme(args.readme)
+    options = {
+        "seconds": float(getattr(args, "fuzz_seconds", FUZZ_DEFAULTS["seconds"])),
+        "workers": int(getattr(args, "fuzz_workers", FUZZ_DEFAULTS["workers"])),
+    }
+    if not options["seconds"] > 0 or options["workers"] < 1:
+        raise UsageError(f"--fuzz-seconds must be > 0 and --fuzz-workers >= 1, not {options}")
 
     def partial(report: dict[str, Any]) -> None:
         if args.json is not None:
             write_text(args.json, json.dumps(report, indent=2) + "\n")
 
-    if args.from_json is not None:
-        report = _load_report(args.from_json)
-    else:
-        report = bench_all(bool(args.quick), on_bench=partial)
-    table = markdown_table(report)
+    reports = (
+        [_load_report(path) for path in sources]
+        if sources
+        else [bench_all(bool(args.quick), on_bench=partial, names=names, options=options)]
+    )
+    table = merged_table(reports)
     print(table)
     if args.json is not None:
-        write_text(args.json, json.dumps(report, indent=2) + "\n")
+        write_text(args.json, json.dumps(reports[0], indent=2) + "\n")
         print(f"wrote {args.json}")
     if args.markdown is not None:
         write_text(args.markdown, table + "\n")
@@ -486,17 +514,49 @@ def run_all(args: argparse.Namespace) -> int:
     return 0
 
 
-def bench_all(quick: bool, on_bench: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Run every benchmark of :data:`BENCHMARKS` in order; the report that ``ctxrl bench all`` writes.
-    ``on_bench(report)`` receives the report so far after each bench (``"complete": false`` until the end)."""
+FUZZ_DEFAULTS = {"seconds": 60.0, "workers": 1}
+"""The fuzz bench's ``--seconds`` and ``--workers`` when not given (``bench all``'s ``--fuzz-*``)."""
+
+
+def _bench_names(only: str | None) -> list[str]:
+    """The benches ``--only`` names (comma-separated), in :data:`BENCHMARKS` order; all of them for None."""
+    if only is None:
+        return list(BENCHMARKS)
+    wanted = [name.strip() for name in only.split(",") if name.strip()]
+    unknown = [name for name in wanted if name not in BENCHMARKS]
+    if unknown or not wanted:
+        raise UsageError(f"--only takes bench names from {', '.join(BENCHMARKS)}; not {only!r}")
+    return [name for name in BENCHMARKS if name in wanted]
+
+
+def bench_all(
+    quick: bool,
+    on_bench: Callable[[dict[str, Any]], None] | None = None,
+    *,
+    names: Sequence[str] | None = None,
+    options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Run the benchmarks ``names`` (default: all of :data:`BENCHMARKS`) in order; the report that ``ctxrl
+    bench all`` writes. ``options`` go to every bench's arguments (the fuzz bench's ``seconds`` and
+    ``workers``). ``on_bench(report)`` receives the report so far after each bench (``"complete": false``
+    until the end)."""
+    names = list(BENCHMARKS) if names is None else list(names)
     before = os.getloadavg()[0]
     start = time.perf_counter()
     results: dict[str, dict[str, float]] = {}
     info = machine()
 
+    command = "ctxrl bench all" + (" --quick" if quick else "")
+    if names != list(BENCHMARKS):
+        command += f" --only {','.join(names)}"
+    for option, value in (options or {}).items():
+        if "fuzz" in names and not quick and value != FUZZ_DEFAULTS[option]:
+            command += f" --fuzz-{option} {value:g}"
+
     def report(complete: bool) -> dict[str, Any]:
         return {
             "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "command": command,
             "quick": quick,
             "complete": complete,
             "seconds": round(time.perf_counter() - start, 1),
@@ -505,11 +565,11 @@ def bench_all(quick: bool, on_bench: Callable[[dict[str, Any]], None] | None = N
             "benchmarks": dict(results),
         }
 
-    for name, bench in BENCHMARKS.items():
+    for name in names:
         print(f"== ctxrl bench {name}{' --quick' if quick else ''}", flush=True)
-        metrics = bench(argparse.Namespace(bench=name, quick=quick, json=None))
+        metrics = BENCHMARKS[name](argparse.Namespace(bench=name, quick=quick, json=None, **(options or {})))
         results[name] = {key: float(value) for key, value in metrics.items()}
-        if on_bench is not None and len(results) < len(BENCHMARKS):
+        if on_bench is not None and len(results) < len(names):
             on_bench(report(False))
     return report(True)
 
@@ -548,24 +608,47 @@ def machine() -> dict[str, Any]:
 
 def markdown_table(report: dict[str, Any]) -> str:
     """One Markdown table of a ``bench all`` report, headed by a line with the date and the machine."""
+    return "\n".join([measured_line(report), "", *_table_rows(report["benchmarks"].items())])
+
+
+def merged_table(reports: Sequence[dict[str, Any]]) -> str:
+    """One Markdown table of several ``bench all`` reports: each bench from the last report that has it, and
+    a line per report used, naming its benches, its date and its machine (one report: :func:`markdown_table`)."""
+    if len(reports) == 1:
+        return markdown_table(reports[0])
+    owner = {bench: i for i, r in enumerate(reports) for bench in r["benchmarks"]}
+    order = [b for b in BENCHMARKS if b in owner] + [b for b in owner if b not in BENCHMARKS]
+    heads = [
+        f"{', '.join(b for b in order if owner[b] == i)}: {measured_line(r)}"
+        for i, r in enumerate(reports)
+        if i in owner.values()
+    ]
+    rows = _table_rows((b, reports[owner[b]]["benchmarks"][b]) for b in order)
+    return "\n".join([*heads, "", *rows])
+
+
+def _table_rows(benches: Any) -> list[str]:
+    lines = ["| bench | metric | value |", "|---|---|---|"]
+    for bench, metrics in benches:
+        lines += [f"| {bench} | `{key}` | {value:.4g} |" for key, value in metrics.items()]
+    return lines
+
+
+def measured_line(report: dict[str, Any]) -> str:
+    """When, by what command, on what machine and under what load a report was measured."""
     m = report["machine"]
     versions = ", ".join(f"{name} {version}" for name, version in m["versions"].items())
     before, after = report["load_average"]
     memory = f", {m['memory_gib']} GiB" if m.get("memory_gib") else ""
     preload = ", ".join(m["preload"]) or "nothing"
-    lines = [
-        f"Measured {report['date']} by `ctxrl bench all{' --quick' if report['quick'] else ''}` "
+    command = report.get("command") or f"ctxrl bench all{' --quick' if report['quick'] else ''}"
+    return (
+        f"Measured {report['date']} by `{command}` "
         f"({report['seconds']:.0f} s) on {m['cpu']}, {m['cores']} cores{memory}; {versions or 'no engines'}; "
         f"preload: {preload}; load average {before:.1f} before, {after:.1f} after."
         + (" `--quick` figures say the paths work, not how fast they are." if report["quick"] else "")
-        + ("" if report.get("complete", True) else " Partial: the run ended before every bench had run."),
-        "",
-        "| bench | metric | value |",
-        "|---|---|---|",
-    ]
-    for bench, metrics in report["benchmarks"].items():
-        lines += [f"| {bench} | `{key}` | {value:.4g} |" for key, value in metrics.items()]
-    return "\n".join(lines)
+        + ("" if report.get("complete", True) else " Partial: the run ended before every bench had run.")
+    )
 
 
 def replace_table(text: str, table: str) -> str:
@@ -601,7 +684,43 @@ def _load_report(path: Path) -> dict[str, Any]:
         raise UsageError(
             f"--from {path} is not the JSON of 'ctxrl bench all --json' (it needs {sorted(keys)})"
         )
-    return report
+    return upgrade_report(report)
+
+
+TINY_TRAIN_KEYS = frozenset(
+    {
+        "packed_vs_naive_tokens",
+        "packed_tokens_per_episode",
+        "naive_tokens_per_episode",
+        "ctxrl_vs_naive_step_time",
+        "packed_step_s",
+        "naive_step_s",
+        "ctxrl_vs_trl_step_time",
+        "ctxrl_padded_vs_trl_step_time",
+        "ctxrl_step_s",
+        "ctxrl_padded_step_s",
+        "trl_step_s",
+    }
+)
+"""The tiny-model figures of the ``train`` bench before the real-model section became the ``smollm2`` bench."""
+
+
+def upgrade_report(report: dict[str, Any]) -> dict[str, Any]:
+    """A report written before the ``smollm2`` bench existed, with its real-model figures moved out of
+    ``train`` into ``smollm2`` (same numbers, the bench that measures them today)."""
+    benches = report["benchmarks"]
+    train = benches.get("train", {})
+    moved = {k: v for k, v in train.items() if k not in TINY_TRAIN_KEYS}
+    if "smollm2" in benches or not moved:
+        return report
+    upgraded: dict[str, Any] = {}
+    for name, metrics in benches.items():
+        if name == "train":
+            upgraded["train"] = {k: v for k, v in train.items() if k in TINY_TRAIN_KEYS}
+            upgraded["smollm2"] = moved
+        else:
+            upgraded[name] = metrics
+    return {**report, "benchmarks": upgraded}
 
 
 def _child_main(argv: list[str]) -> int:

@@ -1,12 +1,17 @@
-"""``ctxrl bench train``: what packed rows save, and how one ctxrl update compares with TRL's.
+"""``ctxrl bench train``: what packed rows save, and how one ctxrl update compares with TRL's;
+``ctxrl bench smollm2``: a real model's GRPO step, and the SFT path against TRL's.
 
     ctxrl bench train [--quick] [--json FILE]
+    ctxrl bench smollm2 [--quick] [--json FILE]
 
-Everything runs on the tiny model (built into a temporary folder), fp32, on one CPU thread (on a shared,
+**train** runs on the tiny model (built into a temporary folder), fp32, on one CPU thread (on a shared,
 loaded machine two OpenMP threads stall each other at every barrier; one thread gives both sides of a ratio
 the same compute), with synthetic token ids: what is measured is the update, not generation, so no engine
-runs. Times are medians over ``repeats`` (2); the two sides of each ratio run alternately so a busy machine
-slows both, and the TRL comparison runs one warm-up round first (TRL initialises lazily).
+runs. Every ctxrl side is the trainer's own update, :func:`ctxrl.train.update.grpo_update` (layouts,
+forward, loss, backward, gradient clipping, AdamW), called as :func:`ctxrl.train.grpo.train` calls it in one
+process (:func:`trainer_update`). Times are the median of ``repeats`` (5) timed runs, with the spread
+(slowest less fastest) beside each as ``*_spread_s``; the sides of each ratio run alternately so a busy
+machine slows all of them, and the TRL comparison runs one warm-up round first (TRL initialises lazily).
 
 **Tokens: packed rows vs one row per step.** Two synthetic 16-step *append-heavy* episodes (one group)
 (:func:`append_heavy_episode`): a 128-token pinned prompt, every step generates 16 tokens and appends a
@@ -17,16 +22,17 @@ marked as rebuilt, which the same code turns into one row per step.
 
 - ``packed_vs_naive_tokens``: tokens through the model per episode, packed rows / one row per step (goal
   <= 0.35); ``packed_tokens_per_episode`` and ``naive_tokens_per_episode`` are the two counts.
-- ``ctxrl_vs_naive_step_time``: seconds of one optimiser step (forward and backward over every microbatch,
-  gradient clipping, AdamW) on the packed rows / on the naive rows, both packed into microbatches of the
-  trainer's default 8,192 tokens (goal <= 0.35); ``packed_step_s`` and ``naive_step_s`` are the two times.
+- ``ctxrl_vs_naive_step_time``: seconds of one update on the packed rows with the trainer's defaults
+  (``packing: auto``, 8,192-token microbatches) / on the naive rows as a naive trainer runs them, each row
+  its own sequence in padded batches (``packing: padded``) (goal <= 0.35); ``packed_step_s`` and
+  ``naive_step_s`` are the two times.
 
 **ctxrl vs TRL on TRL's own case** (the parity batch, :func:`parity_batch`): single-step episodes with no
 edits, 2 prompts of 64-256 tokens x 4 completions of 16-64 tokens, graded rewards. TRL's step is
 ``GRPOTrainer.training_step`` (its generation replaced by a ``rollout_func`` that returns the batch's ids, then
 its rewards, group advantages, padded forward with its fused log-prob head, DAPO loss and backward) followed
-by gradient clipping and AdamW; ctxrl's step is credit assignment, rows, microbatches, forward, loss and
-backward as :func:`ctxrl.train.grpo.train` runs them, then the same clipping and AdamW. Settings that make
+by gradient clipping and AdamW; ctxrl's step is credit assignment, rows and :func:`grpo_update` (the same
+clipping and AdamW inside). Settings that make
 the two compute the same loss (checked to 1e-5 by ``tests/train/test_trl_parity.py``): TRL ``loss_type="dapo"``,
 ``beta=0``, ``epsilon=0.2``, ``epsilon_high=0.28``, ``importance_sampling_level="token"``, ``num_iterations=1``,
 ``bf16=False`` (TRL's default ``bf16=True`` autocasts its log-prob head to bfloat16 even on CPU); ctxrl
@@ -35,12 +41,22 @@ the two compute the same loss (checked to 1e-5 by ``tests/train/test_trl_parity.
 population std + ``eps`` (1e-6).
 
 - ``ctxrl_vs_trl_step_time``: ctxrl's step / TRL's, with the layout the trainer picks by default
-  (``packing: auto``: packed or padded per update, whichever prices lower in FLOPs; for these eight rows of
-  alike lengths, padded) (goal <= 1.0); ``ctxrl_step_s``, ``trl_step_s``.
-- ``ctxrl_padded_vs_trl_step_time``: the same with ``packing: padded``.
+  (``packing: auto``: a shared prefix, packed lines or padded batches, whichever prices lowest in FLOPs)
+  (goal <= 1.0); ``ctxrl_step_s``, ``trl_step_s``; ``ctxrl_auto_layout_shared`` and
+  ``ctxrl_auto_layout_padded`` (1 or 0) say which layout that was.
+- ``ctxrl_padded_vs_trl_step_time``: the same with ``packing: padded`` (when ``auto`` chose padded too, the
+  two ctxrl rows time the same path and differ by noise only).
 
-``--quick`` is a smoke run of the same code on small sizes (4-step episodes, short prompts, one repeat); its
-ratios say the path works, not what it saves.
+**smollm2** (both cores, as the trainer runs): one GRPO step of SmolLM2-135M-Instruct on the in-process vLLM
+engine, 8 episodes of one ``short`` retention task in file mode, timed in parts (rollout, update, weight
+sync), the update against the one it replaced (packed lines with full logits), FLOP and memory-bandwidth
+efficiencies against this machine's measured matmul rate and copy bandwidth; then ``sft_speedup``, the SFT
+path against TRL's ``SFTTrainer`` on the same demonstrations (:func:`_smollm2_step`, :func:`_sft_speedup`
+say what each figure is). One timed repeat: a repeat of the update alone is about 15 minutes here.
+
+``--quick`` is a smoke run of the same code on small sizes (``train``: 4-step episodes, short prompts, two
+repeats; ``smollm2``: the tiny model with the scripted file manager as its engine); its ratios say the path
+works, not what it saves.
 """
 
 from __future__ import annotations
@@ -90,7 +106,7 @@ FULL = Sizes(
     group_size=4,
     prompt_tokens=(64, 256),
     completion_tokens=(16, 64),
-    repeats=2,
+    repeats=5,
 )
 QUICK = Sizes(
     steps=4,
@@ -103,7 +119,7 @@ QUICK = Sizes(
     group_size=2,
     prompt_tokens=(8, 24),
     completion_tokens=(4, 12),
-    repeats=1,
+    repeats=2,
 )
 
 
@@ -398,8 +414,17 @@ def _optimizer_step(model: Any, optimizer: Any) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
-def _alternate(fns: Sequence[Callable[[], None]], repeats: int, *, warmup: int = 0) -> list[float]:
-    """Median seconds of each of ``fns``, run in turn (``warmup`` untimed rounds, then ``repeats`` timed)."""
+@dataclass(frozen=True)
+class Timing:
+    """Seconds of repeated runs of one function: the median and the spread (slowest less fastest)."""
+
+    median: float
+    spread: float
+
+
+def _alternate(fns: Sequence[Callable[[], None]], repeats: int, *, warmup: int = 0) -> list[Timing]:
+    """The timings of ``fns``, run in turn (``warmup`` untimed rounds, then ``repeats`` timed), so a busy
+    machine slows every side of a ratio alike."""
     times: list[list[float]] = [[] for _ in fns]
     for r in range(warmup + repeats):
         for i, fn in enumerate(fns):
@@ -407,7 +432,33 @@ def _alternate(fns: Sequence[Callable[[], None]], repeats: int, *, warmup: int =
             fn()
             if r >= warmup:
                 times[i].append(time.perf_counter() - start)
-    return [statistics.median(t) for t in times]
+    return [Timing(statistics.median(t), max(t) - min(t)) for t in times]
+
+
+def trainer_update(model: Any, optimizer: Any, rows: Sequence[Any], config: Any, pad_id: int) -> Any:
+    """One update as :func:`ctxrl.train.grpo.train` runs it in one process: :func:`grpo_update` (layouts,
+    forward, loss, backward, clipping, the optimiser step) with the trainer's packing check and layout sizes."""
+    from ctxrl.train.logprobs import packing_supported
+    from ctxrl.train.update import grpo_update, layout_sizes
+
+    packs = config.packing == "packed" or (config.packing in ("auto", "shared") and packing_supported(model))
+    return grpo_update(
+        _accelerator(),
+        model,
+        optimizer,
+        rows,
+        config,
+        pad_id=pad_id,
+        sizes=layout_sizes(model),
+        packs=packs,
+        shared_ok=True,
+    )
+
+
+def _accelerator() -> Any:
+    from accelerate import Accelerator
+
+    return Accelerator(cpu=True)
 
 
 # ---- the benchmark --------------------------------------------------------------------------------------
@@ -425,6 +476,7 @@ def _policy(model_dir: Path) -> tuple[Any, Any]:
 
 def _packed_vs_naive(model_dir: Path, tokenizer: Any, sizes: Sizes) -> dict[str, float]:
     from ctxrl.rewards.advantages import AdvantageConfig
+    from ctxrl.train.config import TrainConfig
     from ctxrl.train.credit import CreditConfig, assign_credit
     from ctxrl.train.loss import LossConfig
     from ctxrl.train.rows import episode_rows, row_stats
@@ -448,24 +500,28 @@ def _packed_vs_naive(model_dir: Path, tokenizer: Any, sizes: Sizes) -> dict[str,
     stats = row_stats(packed_rows, episodes)
     assert stats.naive_tokens == sum(len(r) for r in naive_rows), "one row per step is the naive layout"
     model, optimizer = _policy(model_dir)
-    loss_config, pad_id = LossConfig(tis_cap=None), int(tokenizer.pad_token_id or 0)
+    pad_id = int(tokenizer.pad_token_id or 0)
+    trained = TrainConfig(loss=LossConfig(tis_cap=None), max_tokens_per_microbatch=MAX_TOKENS)
+    # the naive trainer: every step its own sequence, batched with padding (no packing, no shared prefix)
+    naive = replace(trained, packing="padded")
 
-    def step(rows: Sequence[Any]) -> Callable[[], None]:
+    def step(rows: Sequence[Any], config: TrainConfig) -> Callable[[], None]:
         def run() -> None:
-            ctxrl_backward(model, rows, pad_id=pad_id, loss_config=loss_config)
-            _optimizer_step(model, optimizer)
+            trainer_update(model, optimizer, rows, config, pad_id)
 
         return run
 
-    packed_s, naive_s = _alternate([step(packed_rows), step(naive_rows)], sizes.repeats)
+    packed, plain = _alternate([step(packed_rows, trained), step(naive_rows, naive)], sizes.repeats)
     n = float(len(episodes))
     return {
         "packed_vs_naive_tokens": stats.packed_vs_naive,
         "packed_tokens_per_episode": stats.tokens / n,
         "naive_tokens_per_episode": stats.naive_tokens / n,
-        "ctxrl_vs_naive_step_time": packed_s / naive_s,
-        "packed_step_s": packed_s,
-        "naive_step_s": naive_s,
+        "ctxrl_vs_naive_step_time": packed.median / plain.median,
+        "packed_step_s": packed.median,
+        "packed_step_spread_s": packed.spread,
+        "naive_step_s": plain.median,
+        "naive_step_spread_s": plain.spread,
     }
 
 
@@ -473,9 +529,10 @@ def _ctxrl_vs_trl(model_dir: Path, tokenizer: Any, sizes: Sizes, tmp: Path) -> d
     import torch
 
     from ctxrl.rewards.advantages import AdvantageConfig
+    from ctxrl.train.config import TrainConfig
     from ctxrl.train.credit import CreditConfig, assign_credit
     from ctxrl.train.loss import LossConfig
-    from ctxrl.train.rows import episode_rows
+    from ctxrl.train.rows import episode_rows, layout_kind
 
     batch = parity_batch(
         tokenizer,
@@ -495,10 +552,14 @@ def _ctxrl_vs_trl(model_dir: Path, tokenizer: Any, sizes: Sizes, tmp: Path) -> d
     model, optimizer = _policy(model_dir)
     episodes = parity_episodes(batch)
     credit_config = CreditConfig(advantages=AdvantageConfig(w_eff=0.0, scale_by_std=False))
-    loss_config = LossConfig(epsilon_low=0.2, epsilon_high=0.28, kl_coef=0.0, tis_cap=None)
+    config = TrainConfig(
+        loss=LossConfig(epsilon_low=0.2, epsilon_high=0.28, kl_coef=0.0, tis_cap=None),
+        max_tokens_per_microbatch=MAX_TOKENS,
+    )
     pad_id = int(tokenizer.pad_token_id or 0)
+    kinds: dict[str, str] = {}
 
-    def ctxrl_step(packing: str) -> Callable[[], None]:
+    def ctxrl_step(packing: Literal["auto", "padded"]) -> Callable[[], None]:
         def run() -> None:
             credit = assign_credit(episodes, credit_config)
             rows = [
@@ -506,20 +567,26 @@ def _ctxrl_vs_trl(model_dir: Path, tokenizer: Any, sizes: Sizes, tmp: Path) -> d
                 for i, (ep, c) in enumerate(zip(episodes, credit))
                 for r in episode_rows(ep, c.steps, episode_index=i)
             ]
-            ctxrl_backward(model, rows, packing=packing, pad_id=pad_id, loss_config=loss_config)
-            _optimizer_step(model, optimizer)
+            update = trainer_update(model, optimizer, rows, replace(config, packing=packing), pad_id)
+            kinds[packing] = layout_kind(update.layouts[0])
 
         return run
 
-    ctxrl_s, padded_s, trl_s = _alternate(
+    auto, padded, trl = _alternate(
         [ctxrl_step("auto"), ctxrl_step("padded"), trl_step], sizes.repeats, warmup=1
     )
     return {
-        "ctxrl_vs_trl_step_time": ctxrl_s / trl_s,
-        "ctxrl_padded_vs_trl_step_time": padded_s / trl_s,
-        "ctxrl_step_s": ctxrl_s,
-        "ctxrl_padded_step_s": padded_s,
-        "trl_step_s": trl_s,
+        "ctxrl_vs_trl_step_time": auto.median / trl.median,
+        "ctxrl_padded_vs_trl_step_time": padded.median / trl.median,
+        "ctxrl_step_s": auto.median,
+        "ctxrl_step_spread_s": auto.spread,
+        # which layout ``packing: auto`` priced cheapest here (if padded, the two ctxrl rows time one path)
+        "ctxrl_auto_layout_shared": float(kinds["auto"] == "shared"),
+        "ctxrl_auto_layout_padded": float(kinds["auto"] == "padded"),
+        "ctxrl_padded_step_s": padded.median,
+        "ctxrl_padded_step_spread_s": padded.spread,
+        "trl_step_s": trl.median,
+        "trl_step_spread_s": trl.spread,
     }
 
 
@@ -649,7 +716,7 @@ def _smollm2_step(sizes: StepSizes, tmp: Path) -> dict[str, float]:
     from ctxrl.train.policy import load_policy
     from ctxrl.train.rollout import RolloutConfig, rollout
     from ctxrl.train.rows import episode_rows, layout_flops, layout_kind, pack_rows, plain_units
-    from ctxrl.train.update import backward_layout, layout_sizes, make_layout
+    from ctxrl.train.update import layout_sizes
 
     model_dir = get_model(sizes.model, tmp / "step-model" if sizes.model == "tiny" else None)
     tokenizer = load_tokenizer_dir(model_dir)
@@ -686,19 +753,16 @@ def _smollm2_step(sizes: StepSizes, tmp: Path) -> dict[str, float]:
         ]
         geometry = layout_sizes(model)
         assert geometry is not None
-        units = make_layout(rows, "auto", sizes.max_tokens, pad_id, geometry)
-        n_tokens = float(sum(u.num_loss_tokens for u in units))
 
         def update() -> None:
-            backward_layout(model, units, loss_config, num_loss_tokens=n_tokens)
-            optimizer.zero_grad(set_to_none=True)
+            trainer_update(model, optimizer, rows, config, pad_id)
 
         def legacy() -> None:
             legacy_packed_backward(model, rows, loss_config, sizes.max_tokens)
-            optimizer.zero_grad(set_to_none=True)
+            _optimizer_step(model, optimizer)
 
         t1 = time.perf_counter()
-        update()
+        units = trainer_update(model, optimizer, rows, config, pad_id).layouts[0]
         update_s = time.perf_counter() - t1
         t2 = time.perf_counter()
         if engine_spec(sizes.engine).weight_sync != "none":  # a scripted engine has no weights
@@ -706,7 +770,8 @@ def _smollm2_step(sizes: StepSizes, tmp: Path) -> dict[str, float]:
         sync_s = time.perf_counter() - t2
     finally:
         engine.close()
-    new_s, old_s = _alternate([update, legacy], sizes.repeats)
+    new, old = _alternate([update, legacy], sizes.repeats)
+    new_s, old_s = new.median, old.median
     packed_units = plain_units(pack_rows(rows, sizes.max_tokens))
     # model FLOPs of the update: forward + the backward to the activations (LoRA: the frozen weights take no
     # gradient; the adapters' own FLOPs are a rounding error at r = 16)
@@ -804,10 +869,17 @@ def bench_train(args: argparse.Namespace) -> dict[str, float]:
             tokenizer = load_tokenizer_dir(model_dir)
             metrics = _packed_vs_naive(model_dir, tokenizer, sizes)
             metrics.update(_ctxrl_vs_trl(model_dir, tokenizer, sizes, tmp))
-            # the real model trains with both cores, as the trainer does
-            torch.set_num_threads(threads)
-            metrics.update(_smollm2_step(SMOL_QUICK if quick else SMOL, tmp))
-            metrics.update(_sft_speedup(SMOL_QUICK if quick else SMOL, tmp, steps=2 if quick else 4))
     finally:
         torch.set_num_threads(threads)  # the caller's setting (the test suite runs benches in-process)
+    return metrics
+
+
+def bench_smollm2(args: argparse.Namespace) -> dict[str, float]:
+    """``ctxrl bench smollm2``: a real model's GRPO step in parts and the SFT path against TRL's (both
+    cores, as the trainer runs; ``--quick``: the tiny model with the scripted file manager as its engine)."""
+    sizes = SMOL_QUICK if getattr(args, "quick", False) else SMOL
+    with tempfile.TemporaryDirectory(prefix="ctxrl-bench-smollm2-") as name:
+        tmp = Path(name)
+        metrics = _smollm2_step(sizes, tmp)
+        metrics.update(_sft_speedup(sizes, tmp, steps=2 if sizes is SMOL_QUICK else 4))
     return metrics
