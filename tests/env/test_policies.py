@@ -95,8 +95,10 @@ def test_append_only_fails_where_context_binds(tokenizer: Any, tmp_path: Path) -
 
 
 def test_tools_manager_drops_results_and_keeps_facts(tokenizer: Any, tmp_path: Path) -> None:
-    """On top of the pressure pass (seed 000's default), the tools manager's drops keep a stream in budget."""
-    results = _run("tools-manager", ["retention", "offload", "repo"], tokenizer, tmp_path)
+    """On top of the pressure pass (seed 000's default), the tools manager's drops keep a stream in budget.
+    Research included: its ``context_status`` call carries the facts, because the pressure pass may spill
+    the document just read before the next step (it used to re-read the document until ``max_steps``)."""
+    results = _run("tools-manager", ["retention", "offload", "repo", "research"], tokenizer, tmp_path)
     assert all(r.success for r in results)
     retention = [r for r in results if r.family == "retention"]
     assert all(r.edits > 0 for r in retention)

@@ -91,7 +91,9 @@ def tools(view: View, plan: Plan, threshold: float | None = None) -> str:
         return render_action(plan.calls)
     facts = facts_block(plan.facts) if plan.facts else ""
     if view.tokens is None and not view.last_action_edited() and "context_status" not in view.last_calls():
-        return render_action([Call("context_status")])  # tools mode shows no readout: ask once, then scale
+        # tools mode shows no readout: ask once, then scale; the facts go with the call (the pressure pass may
+        # spill the result just read before the next step, when the solver would have written them)
+        return render_action([Call("context_status")], prose=facts)
     if _due(view, threshold):
         reading = max((i for i, item in enumerate(view.items) if item.name == "context_status"), default=-1)
         handles = [
