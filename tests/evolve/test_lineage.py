@@ -143,6 +143,18 @@ def _driver(run_dir: Path) -> subprocess.Popen[bytes]:
     )
 
 
+def _read_graded(proc: subprocess.Popen[bytes], k: int) -> list[str] | None:
+    """The driver's output up to its ``k``-th ``graded`` line; None if it ends first."""
+    assert proc.stdout is not None
+    lines: list[str] = []
+    while sum(line.startswith("graded ") for line in lines) < k:
+        line = proc.stdout.readline().decode()
+        if not line:
+            return None
+        lines.append(line.rstrip("\n"))
+    return lines
+
+
 def _episodes_in(run_dir: Path) -> int:
     """Episodes recorded so far (0 if the kill came before the table existed)."""
     if not (run_dir / DB_NAME).exists():
@@ -187,19 +199,23 @@ def test_kill_9_ten_times_then_resume_gives_the_uninterrupted_state(tmp_path: Pa
     counts = []
     while kills < 10:
         proc = _driver(run)
-        time.sleep(rng.uniform(0.4, 1.2))
-        if proc.poll() is not None:  # finished before the kill came
+        # the kill waits for an event, not a clock: the k-th episode this process records (k at random), then
+        # a random share of one episode's work, so it lands anywhere in the next episode, its write included
+        lines = _read_graded(proc, rng.randint(1, 12))
+        if lines is None:  # finished before the kill came
             break
+        time.sleep(rng.uniform(0.0, 0.015))
         proc.send_signal(signal.SIGKILL)
         out, _ = proc.communicate()
         kills += 1
         counts.append(_episodes_in(run))
         # every episode the killed process reported as recorded is in the database
         reported = {
-            tuple(line.split()[1:]) for line in out.decode().splitlines() if line.startswith("graded ")
+            tuple(line.split()[1:])
+            for line in [*lines, *out.decode().splitlines()]
+            if line.startswith("graded ")
         }
-        if reported:
-            assert reported <= _episode_keys(run)
+        assert reported and reported <= _episode_keys(run)
     assert kills == 10, "the run finished before ten kills; lengthen it"
     assert counts == sorted(counts) and counts[-1] > 0  # progress is kept across kills
     final = _driver(run)

@@ -419,9 +419,10 @@ def grpo_update(
     laid out (``config.packing``, at most ``max_tokens_per_microbatch`` tokens a pass), run through
     :func:`backward_layout` with the token mean over every rank's loss tokens, clipped and stepped.
 
-    ``acc`` is the run's accelerate ``Accelerator`` (one process: ``Accelerator(cpu=True)``); the trainer,
-    the TRL parity test and ``ctxrl bench train`` all call this. ``reference(unit)``: the KL term's
-    reference logprobs (None without a KL)."""
+    ``acc`` is the run's accelerate ``Accelerator`` (one process: ``Accelerator(cpu=True)``); the trainer
+    and ``ctxrl bench train`` / ``smollm2`` call this (the TRL parity test calls :func:`backward_layout`, its
+    core, to read the gradients before the step). ``reference(unit)``: the KL term's reference logprobs
+    (None without a KL)."""
     from ctxrl.train.distributed import sync_context
 
     world = acc.num_processes
