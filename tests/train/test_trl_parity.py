@@ -5,8 +5,10 @@ Both sides start from the tiny model's weights and see the same batch (:func:`pa
 completions of different lengths, graded rewards). TRL runs its own path: a ``rollout_func`` hands it the
 batch's ids, its reward function the rewards, ``_generate_and_score_completions`` computes the group
 advantages and pads (prompts left, completions right) and ``compute_loss`` runs its fused log-prob head and
-DAPO loss. ctxrl runs the trainer's: ``assign_credit`` -> ``episode_rows`` -> packed, padded or shared-prefix microbatches ->
-``token_logprobs`` -> ``policy_loss``, one backward per microbatch.
+DAPO loss. ctxrl runs the trainer's: ``assign_credit`` -> ``episode_rows`` -> ``grpo_update`` (packed, padded or
+shared-prefix microbatches -> ``token_logprobs`` -> ``policy_loss``, one backward per microbatch, then the
+optimiser's step, here one that keeps the gradients); the clipped (off-policy) cases run ``backward_layout``,
+the core ``grpo_update`` runs, with shifted old logprobs, as a rollout's later updates see them.
 
 The settings under which the two compute the same thing (see ``ctxrl.commands.bench_train``):
 
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pytest
@@ -39,6 +41,7 @@ from ctxrl.commands.bench_train import (
     ctxrl_backward,
     parity_batch,
     parity_episodes,
+    trainer_update,
     trl_generation_batch,
     trl_trainer,
 )
@@ -47,7 +50,7 @@ from ctxrl.train.config import TrainConfig
 from ctxrl.train.credit import CreditConfig, assign_credit
 from ctxrl.train.loss import LossConfig
 from ctxrl.train.policy import load_policy
-from ctxrl.train.rows import Microbatch, Row, episode_rows
+from ctxrl.train.rows import Microbatch, Row, episode_rows, layout_kind
 
 ATOL = 1e-5
 LOSS = LossConfig(epsilon_low=0.2, epsilon_high=0.28, kl_coef=0.0, tis_cap=None)
@@ -113,16 +116,34 @@ def old_from_shifts(rows: Sequence[Row]) -> Callable[[Microbatch, torch.Tensor],
     return old
 
 
+class GradientCapture:
+    """An optimiser for :func:`grpo_update` that keeps the gradients its step is given and changes nothing."""
+
+    def __init__(self, model: Any) -> None:
+        self.model, self.grads = model, {}
+
+    def step(self) -> None:
+        self.grads = {n: p.grad.detach().clone() for n, p in self.model.named_parameters()}
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.model.zero_grad(set_to_none=set_to_none)
+
+
 def run_ctxrl(
     model_dir: Path,
     batch: ParityBatch,
     *,
-    packing: str,
+    packing: Literal["packed", "padded", "shared"],
     off_policy: bool,
     scale_by_std: bool = False,
     advantages: Sequence[float] | None = None,
 ) -> tuple[float, dict[str, Any], list[float]]:
-    """ctxrl's loss, gradients and task advantages; ``advantages`` (one per completion) replaces its own."""
+    """ctxrl's loss, gradients and task advantages; ``advantages`` (one per completion) replaces its own.
+
+    On-policy: the trainer's own update, :func:`grpo_update` (unclipped, with an optimiser that keeps the
+    gradients its step is given). Off-policy: :func:`backward_layout`, its core, with old logprobs shifted
+    by :func:`shift` (one update per rollout is on-policy in the ratio; old logprobs other than the current
+    ones reach the loss in a rollout's later updates, ``train.updates_per_rollout > 1``)."""
     model = load_policy(model_dir, TrainConfig()).train()
     episodes = parity_episodes(batch)
     credit = assign_credit(
@@ -132,16 +153,18 @@ def run_ctxrl(
     if advantages is not None:
         steps = [[[a] * len(ep.steps[0].token_ids)] for a, ep in zip(advantages, episodes)]
     rows = [r for i, ep in enumerate(episodes) for r in episode_rows(ep, steps[i], episode_index=i)]
-    loss = ctxrl_backward(
-        model,
-        rows,
-        packing=packing,
-        pad_id=0,
-        loss_config=LOSS,
-        old_logprobs=old_from_shifts(rows) if off_policy else None,
+    if off_policy:
+        loss = ctxrl_backward(
+            model, rows, packing=packing, pad_id=0, loss_config=LOSS, old_logprobs=old_from_shifts(rows)
+        )
+        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        return loss, grads, [c.task for c in credit]
+    capture = GradientCapture(model)
+    update = trainer_update(
+        model, capture, rows, TrainConfig(loss=LOSS, packing=packing, max_grad_norm=None), 0
     )
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
-    return loss, grads, [c.task for c in credit]
+    assert layout_kind(update.layouts[0]) == packing  # the layout asked for is the one that ran
+    return update.stats.loss_sum / update.stats.tokens, capture.grads, [c.task for c in credit]
 
 
 def assert_same_gradients(ours: dict[str, Any], theirs: dict[str, Any]) -> None:
