@@ -210,7 +210,7 @@ def _add_report(sub: argparse._SubParsersAction[Any]) -> None:
         "folder",
         metavar="RUN",
         type=Path,
-        help="run folder: trajectories.jsonl, metrics.jsonl, eval/, evolve.sqlite",
+        help="run folder: trajectories.jsonl, metrics.jsonl, eval/, lineage.sqlite, summary.json and arms",
     )
     p.add_argument("--out", type=Path, default=None, help="report file (default RUN/report.html)")
     p.add_argument("--episodes", type=int, default=6, help="episodes with a context graph (default 6)")

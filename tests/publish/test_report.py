@@ -494,3 +494,51 @@ def test_a_pipeline_folder_is_read_from_its_stage_subfolders(tmp_path: Path) -> 
     os.utime(tmp_path / "sft" / "metrics.jsonl", ns=(1_000_000_000, 1_000_000_000))  # the earlier stage
     run = read_run(tmp_path)
     assert [row.step for row in run.metrics] == [1, 2] and "loss/loss" in run.metrics[0].values
+
+
+def test_an_ablation_folder_shows_both_arms_and_the_held_out_comparison(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A learning benchmark's folder (two GRPO arms, an SFT stage and ``ctxrl compare``'s summary) opens with
+    the held-out table and one figure of both arms' training success with SE bands and the held-out points."""
+    for arm, successes in (("grpo", (0.25, 0.5, 0.75)), ("grpo_w0", (0.25, 0.5, 0.5))):
+        (tmp_path / arm).mkdir()
+        lines = [
+            json.dumps({"step": s + 1, "reward/success": p, "rollout/episodes": 16.0})
+            for s, p in enumerate(successes)
+        ]
+        (tmp_path / arm / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "sft").mkdir()  # logs no success: not an arm
+    (tmp_path / "sft" / "metrics.jsonl").write_text('{"step": 1, "train_loss": 1.5}\n')
+    summary = {
+        "level": "small",
+        "heldout_tasks": 64,
+        "sft_success": 0.5,
+        "grpo_success": 0.625,
+        "grpo_w0_success": 0.5625,
+        "sft_cost_per_success": 1100.0,
+        "grpo_cost_per_success": 800.0,
+        "grpo_w0_cost_per_success": 1000.0,
+        "success_diff": 0.125,
+        "success_diff_ci_low": 0.01,
+        "success_diff_ci_high": 0.24,
+        "success_diff_p": 0.04,
+        "cost_per_success_ci": {"sft": [900.0, 1300.0], "grpo": [700.0, 950.0], "grpo_w0": [850.0, 1200.0]},
+        "unit": "GFLOP",
+    }
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    run = read_run(tmp_path)
+    assert run.arms is not None and list(run.arms) == ["grpo", "grpo_w0"]
+    assert run.comparison == summary
+    page, plots = render_report(run)
+    answer = page.split('<section id="answer">', 1)[1].split("</section>", 1)[0]
+    assert 'id="comparison-table"' in answer and 'id="plot-arms"' in answer
+    assert "<td>0.62 ± 0.06</td><td>800 [700, 950]</td>" in answer  # 0.625 over 64 tasks: SE 0.061
+    assert "<td>0.50 ± 0.06</td><td>1,100 [900, 1,300]</td>" in answer
+    assert "grpo − sft success: +0.125, 95 % CI [+0.010, +0.240], exact McNemar p = 0.040." in answer
+    assert plots[0].id == "plot-arms"
+    svg = plots[0].svg.decode()
+    assert svg.count("<path") > 10  # curves, bands and error bars were drawn
+
+    (tmp_path / "summary.json").write_text('{"heldout_tasks": 64}')
+    assert "summary.json: not the summary of 'ctxrl compare'" in _error(capsys, ["report", str(tmp_path)])

@@ -18,6 +18,10 @@ Inputs, each optional (at least one must be there):
 - ``evolve.sqlite``: skill evolution with a table ``candidates(id, parent, round, score, cost, decision)``.
   Gives the lineage and the per-round scores; a missing or differently shaped table skips the section
   with a note.
+- Arms side by side (an ablation, as the learning benchmark's folder holds them): two or more stage subfolders
+  whose ``metrics.jsonl`` logs ``reward/success``, and ``summary.json`` of ``ctxrl compare``. Gives the first
+  screen's held-out table (success ± SE, compute per success with its bootstrap CI, the paired difference)
+  and one figure of every arm's training success by step with ± SE bands and the held-out points.
 
 The page is one self-contained file: every plot is an SVG made by matplotlib, embedded as a ``data:`` URI
 in an ``<img class="plot" id="plot-…" alt="…">``; no script, style sheet or font is fetched at view time.

@@ -23,7 +23,9 @@ from ctxrl.publish.report.load import (
 from ctxrl.publish.report.plots import (
     HEADLINE,
     Plot,
+    binomial_se,
     flat_metrics,
+    plot_arms,
     plot_headline,
     plot_lineage,
     plot_metrics,
@@ -131,6 +133,41 @@ def answer_table(summary: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
     return "".join(out)
 
 
+def comparison_table(summary: Mapping[str, Any]) -> str:
+    """``ctxrl compare``'s summary: each policy's held-out success ± SE and compute per success with its
+    bootstrap CI, then the paired difference of the trained arm against the start."""
+    n = float(summary["heldout_tasks"])
+    intervals = summary.get("cost_per_success_ci") or {}
+    out = [
+        f"<p class=meta>Held out: {n:.0f} tasks at level {_e(summary.get('level', '?'))}, every policy on the "
+        "same tasks (<code>ctxrl compare</code>).</p>"
+        '<table id="comparison-table"><thead><tr><th class="l">policy</th><th>success ± SE</th>'
+        f"<th>{_e(summary.get('unit', 'GFLOP'))} / success [95 % CI]</th></tr></thead><tbody>"
+    ]
+    for key in ("sft", "grpo", "grpo_w0"):
+        success = summary.get(f"{key}_success")
+        if not is_number(success):
+            continue
+        per, ci = summary.get(f"{key}_cost_per_success"), intervals.get(key)
+        span = f" [{_fmt(ci[0], ',.0f')}, {_fmt(ci[1], ',.0f')}]" if isinstance(ci, list | tuple) else ""
+        cells = [f"{success:.2f} ± {binomial_se(success, n):.2f}", f"{_fmt(per, ',.0f')}{span}"]
+        out.append(
+            f'<tr><td class="l">{_e(key)}</td>' + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>"
+        )
+    out.append("</tbody></table>")
+    diff, low, high, p = (
+        summary.get(k)
+        for k in ("success_diff", "success_diff_ci_low", "success_diff_ci_high", "success_diff_p")
+    )
+    if is_number(diff) and is_number(low) and is_number(high):
+        out.append(
+            f"<p>grpo − sft success: {diff:+.3f}, 95 % CI [{low:+.3f}, {high:+.3f}]"
+            + (f", exact McNemar p = {p:.3f}" if is_number(p) else "")
+            + ".</p>"
+        )
+    return "".join(out)
+
+
 def trend_line(rows: Sequence[MetricRow]) -> str:
     """One sentence: success and compute per success over the first and the last fifth of the steps."""
     k = max(1, len(rows) // 5)
@@ -205,6 +242,12 @@ def render_report(run: RunData, *, max_episodes: int = 6) -> tuple[str, list[Plo
 
     # ---- the first screen: did it get better, and at what cost -------------------------------------------
     answer: list[str] = []
+    if run.comparison is not None:
+        answer.append(comparison_table(run.comparison))
+    if run.arms:
+        arms_plot = plot_arms(run.arms, run.comparison)
+        plots.append(arms_plot)
+        answer.append(_figure_html(arms_plot))
     if run.eval is not None:
         answer.append(answer_table(run.eval["summary"]))
     headline = plot_headline(run.metrics) if run.metrics else None

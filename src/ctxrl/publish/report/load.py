@@ -24,6 +24,9 @@ EVOLVE_DB = "evolve.sqlite"
 EVOLVE_DBS = ("lineage.sqlite", EVOLVE_DB)
 """Evolution databases the report reads: the loop's lineage store first (``ctxrl evolve``)."""
 CANDIDATE_COLUMNS = ("id", "parent", "round", "score", "cost", "decision")
+COMPARISON = "summary.json"
+"""``ctxrl compare``'s summary of a start and trained arms on the same held-out tasks."""
+SUCCESS = "reward/success"
 
 EVICTION_TOOLS = frozenset({"evict_file_view", "archive_thread", "context_drop", "context_note"})
 """Context tools whose applied call removes content from the context (seeds 000 and 001)."""
@@ -149,6 +152,11 @@ class RunData:
     eval: dict[str, Any] | None = None
     eval_path: Path | None = None
     candidates: list[Candidate] | None = None
+    arms: dict[str, list[MetricRow]] | None = None
+    """Training runs side by side (an ablation): each stage subfolder whose ``metrics.jsonl`` logs
+    ``reward/success``, by folder name, when there are two or more."""
+    comparison: dict[str, Any] | None = None
+    """``summary.json`` of ``ctxrl compare``: held-out success and compute per success of the start and arms."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -278,6 +286,21 @@ def load_candidates(path: str | Path) -> tuple[list[Candidate] | None, str | Non
     return out, None
 
 
+def load_comparison(path: Path) -> dict[str, Any] | None:
+    """``summary.json`` as ``ctxrl compare`` writes it, or None when there is none; a file of that name that
+    is not such a summary is a UsageError naming it."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"{path}: not a readable JSON summary ({exc})") from None
+    needed = ("heldout_tasks", "sft_success", "grpo_success")
+    if not isinstance(data, dict) or not all(is_number(data.get(k)) for k in needed):
+        raise UsageError(f"{path}: not the summary of 'ctxrl compare' (it needs {', '.join(needed)})")
+    return data
+
+
 def _find(folder: Path, name: str) -> Path | None:
     """``folder/name``, else the newest ``folder/<stage>/name`` (a pipeline's run folder holds one stage per
     subfolder, as the quickstart's does: the later stage's file is the one to show), else None."""
@@ -320,7 +343,19 @@ def read_run(folder: str | Path) -> RunData:
         run.candidates, why = load_candidates(dbs[0])
         if why:
             run.notes.append(f"Evolution section skipped: {why}.")
+    arms = {}
+    for path in sorted(folder.glob(f"*/{METRICS}")):
+        rows, _ = load_metrics(path)
+        if any(SUCCESS in r.values for r in rows):
+            arms[path.parent.name] = rows
+    if len(arms) >= 2:
+        found = True
+        run.arms = arms
+    comparison = load_comparison(folder / COMPARISON)
+    if comparison is not None:
+        found = True
+        run.comparison = comparison
     if not found:
-        wanted = ", ".join([TRAJECTORIES, METRICS, EVAL_FILES[0], *EVOLVE_DBS])
+        wanted = ", ".join([TRAJECTORIES, METRICS, EVAL_FILES[0], *EVOLVE_DBS, COMPARISON])
         raise UsageError(f"{folder}: nothing to report; expected at least one of {wanted}")
     return run

@@ -9,11 +9,11 @@ import math
 import re
 import statistics
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from ctxrl.publish.report.load import MARKERS, Candidate, EpisodeView, MetricRow
+from ctxrl.publish.report.load import MARKERS, SUCCESS, Candidate, EpisodeView, MetricRow, is_number
 from ctxrl.publish.report.views import PolicyPoint, context_timeline, pareto_front
 
 if TYPE_CHECKING:
@@ -137,6 +137,76 @@ def plot_headline(rows: Sequence[MetricRow]) -> Plot | None:
         ax.set_title(label)
         ax.set_xlabel("step")
     return Plot("plot-headline", title, _svg(fig))
+
+
+_ARM_COLORS = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#9d755d")
+
+
+def binomial_se(p: float, n: float) -> float:
+    """The standard error of a success rate ``p`` over ``n`` episodes."""
+    return math.sqrt(max(p * (1.0 - p), 0.0) / n) if n > 0 else 0.0
+
+
+@_styled
+def plot_arms(arms: Mapping[str, Sequence[MetricRow]], comparison: dict[str, Any] | None) -> Plot:
+    """Every arm's training success by step with a band of ± one binomial SE (``rollout/episodes`` a step),
+    and, from ``ctxrl compare``'s summary, held-out success ± SE: the start at step 0, each arm at its last
+    step (an arm's key there is ``<folder>_success``)."""
+    fig = _figure(7.2, 3.4)
+    title = "Both arms: training success by step (band: ± SE) and held-out success (points: ± SE)"
+    ax = fig.add_subplot(1, 1, 1)
+    last = 0
+    for i, (name, rows) in enumerate(arms.items()):
+        color = _ARM_COLORS[i % len(_ARM_COLORS)]
+        pts = sorted(
+            (r.step, r.values[SUCCESS], r.values.get("rollout/episodes", 0.0))
+            for r in rows
+            if SUCCESS in r.values
+        )
+        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+        se = [binomial_se(p[1], p[2]) for p in pts]
+        ax.plot(xs, ys, lw=1.2, marker=".", color=color, label=f"{name}: training")
+        ax.fill_between(
+            xs,
+            [y - e for y, e in zip(ys, se)],
+            [y + e for y, e in zip(ys, se)],
+            color=color,
+            alpha=0.15,
+            lw=0,
+        )
+        last = max(last, xs[-1] if xs else 0)
+        held = comparison.get(f"{name}_success") if comparison else None
+        if comparison and is_number(held):
+            n = float(comparison["heldout_tasks"])
+            ax.errorbar(
+                [xs[-1] if xs else 0],
+                [held],
+                yerr=[binomial_se(held, n)],
+                fmt="s",
+                ms=7,
+                color=color,
+                capsize=4,
+                label=f"{name}: held-out ({n:.0f} tasks)",
+            )
+    if comparison:
+        start, n = float(comparison["sft_success"]), float(comparison["heldout_tasks"])
+        ax.errorbar(
+            [0],
+            [start],
+            yerr=[binomial_se(start, n)],
+            fmt="o",
+            ms=7,
+            color="#555555",
+            capsize=4,
+            label=f"start: held-out ({n:.0f} tasks)",
+        )
+    ax.set_xlim(-0.5, last + 0.5)
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_xlabel("step")
+    ax.set_ylabel("success")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.suptitle(title)
+    return Plot("plot-arms", title, _svg(fig))
 
 
 @_styled
