@@ -9,6 +9,7 @@ import os
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -303,7 +304,6 @@ def test_unshare_runs_a_thousand_commands_beside_torch_threads_and_a_blocked_sig
 ) -> None:
     """The unshare backend inside a process that runs torch's OpenMP pool and other threads, started from a
     thread whose signal mask blocks every signal a thread may block (what subprocess passes on to the child)."""
-    import signal
     import threading
 
     import torch
@@ -315,16 +315,41 @@ def test_unshare_runs_a_thousand_commands_beside_torch_threads_and_a_blocked_sig
         target=lambda: [torch.ones(64, 64).sum() for _ in iter(lambda: stop.wait(0.005), True)]
     )
     spinner.start()
-    box = Sandbox(tmp_path / "ws", SandboxConfig(backend="unshare", timeout_s=20))
+    try:
+        assert_thousand_unshare_commands(tmp_path / "ws")
+    finally:
+        stop.set()
+        spinner.join()
+
+
+def assert_thousand_unshare_commands(workspace: Path) -> None:
+    """1,000 ``echo`` commands on the unshare backend from a thread whose signal mask blocks every signal a
+    thread may block; each must print its own number and exit 0."""
+    import signal
+
+    box = Sandbox(workspace, SandboxConfig(backend="unshare", timeout_s=20))
     blocked = signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}
     before = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
     try:
         outputs = [box.run(f"echo {i}") for i in range(1000)]
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
-        stop.set()
-        spinner.join()
     failed = [
         (i, r.exit_code, r.output) for i, r in enumerate(outputs) if (r.exit_code, r.output) != (0, f"{i}\n")
     ]
     assert not failed, failed[:3]
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.timeout(1800)  # 1,000 commands took 13 min beside another vLLM process holding both cores
+def test_unshare_runs_a_thousand_commands_in_a_process_that_runs_vllm(vllm_llm: Any, tmp_path: Path) -> None:
+    """The same in a process whose in-process vLLM engine (engine core in this process, its threads and
+    OpenMP pool started by a generation) has run, and still generates after them."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=4, temperature=0.0)
+    first = vllm_llm.generate([{"prompt_token_ids": [1, 2, 3]}], params, use_tqdm=False)
+    assert_thousand_unshare_commands(tmp_path / "ws")
+    again = vllm_llm.generate([{"prompt_token_ids": [1, 2, 3]}], params, use_tqdm=False)
+    assert again[0].outputs[0].token_ids == first[0].outputs[0].token_ids
