@@ -55,6 +55,13 @@ def test_a_trained_policy_that_solves_more_for_less(tmp_path: Path) -> None:
     assert out["success_diff_p"] == pytest.approx(2 / 2**12)
     low, high = out["grpo_over_sft_cost_per_success_ci"]
     assert low < 0.25 < high < 1.0  # every resample is cheaper per success
+    # against the ablation: 4 tasks gained (20-23), none lost; 333 vs 800 GFLOP per success
+    assert out["grpo_vs_w0_success_diff"] == pytest.approx(0.1)
+    assert out["grpo_vs_w0_success_diff_p"] == pytest.approx(2 / 2**4)
+    assert out["grpo_vs_w0_success_diff_ci_low"] < 0.1 < out["grpo_vs_w0_success_diff_ci_high"]
+    assert out["grpo_over_w0_cost_per_success"] == pytest.approx((8000 / 24) / 800)
+    low, high = out["grpo_over_w0_cost_per_success_ci"]
+    assert low < out["grpo_over_w0_cost_per_success"] < high < 1.0
     assert (
         out["cost_per_success_ci"]["sft"][0]
         < out["sft_cost_per_success"]
@@ -68,6 +75,7 @@ def test_nothing_solved_is_undefined_not_zero(tmp_path: Path) -> None:
     out = compare(s, t)
     assert out["sft_cost_per_success"] is None and out["grpo_over_sft_cost_per_success"] is None
     assert out["grpo_w0_success"] is None and out["grpo_cost_per_success"] == pytest.approx(200.0)
+    assert "grpo_vs_w0_success_diff" not in out  # no ablation, no comparison with it
 
 
 def test_unpaired_or_malformed_input_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

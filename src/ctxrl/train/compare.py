@@ -12,6 +12,9 @@ the third the ablation arm (GRPO, ``w_eff = 0``). Episodes are paired by task id
 - **Compute per success** (GFLOP): all of a policy's compute over its successes (None when it solved none),
   with a 95 % paired bootstrap interval over tasks (2,000 resamples, seeded) and the trained/start ratio
   with its interval from the same resamples.
+- **The ablation** (with a third folder): the trained arm against it, paired the same way
+  (``grpo_vs_w0_success_diff`` with its interval and p-value; ``grpo_over_w0_cost_per_success`` with its
+  bootstrap interval): how much of the change the efficiency channel causes.
 """
 
 from __future__ import annotations
@@ -92,13 +95,12 @@ def compare(start: Outcomes, trained: Outcomes, ablation: Outcomes | None = None
                 f"({len(arm.success)} vs {len(tasks)}); evaluate every policy on the same tasks and seeds"
             )
     n = len(tasks)
-    diffs = [int(trained.success[t]) - int(start.success[t]) for t in tasks]
-    mean = sum(diffs) / n
-    se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1) / n) if n > 1 else 0.0
+    mean, low, high, p = paired_difference(start, trained, tasks)
     keys = ("sft", "grpo", "grpo_w0")[: len(arms)]  # the arms by position: their labels (modes) may repeat
     rng = random.Random(SEED)
     boot: dict[str, list[float]] = {k: [] for k in keys}
     ratio: list[float] = []
+    channel: list[float] = []  # trained / ablation: what the efficiency channel does to compute per success
     for _ in range(RESAMPLES):
         sample = [tasks[rng.randrange(n)] for _ in range(n)]
         costs = {k: per_success(a, sample) for k, a in zip(keys, arms, strict=True)}
@@ -108,6 +110,9 @@ def compare(start: Outcomes, trained: Outcomes, ablation: Outcomes | None = None
         base, new = costs["sft"], costs["grpo"]
         if base is not None and new is not None:
             ratio.append(new / base)
+        w0 = costs.get("grpo_w0")
+        if new is not None and w0 is not None:
+            channel.append(new / w0)
     summary: dict[str, Any] = {
         "level": start.level,
         "heldout_tasks": n,
@@ -118,9 +123,9 @@ def compare(start: Outcomes, trained: Outcomes, ablation: Outcomes | None = None
         "grpo_cost_per_success": per_success(trained, tasks),
         "grpo_w0_cost_per_success": per_success(ablation, tasks) if ablation else None,
         "success_diff": mean,
-        "success_diff_ci_low": mean - 1.96 * se,
-        "success_diff_ci_high": mean + 1.96 * se,
-        "success_diff_p": mcnemar_p(diffs.count(1), diffs.count(-1)),
+        "success_diff_ci_low": low,
+        "success_diff_ci_high": high,
+        "success_diff_p": p,
         "cost_per_success_ci": {k: _interval(boot[k]) for k in keys},
         "grpo_over_sft_cost_per_success": None,
         "grpo_over_sft_cost_per_success_ci": _interval(ratio),
@@ -131,4 +136,31 @@ def compare(start: Outcomes, trained: Outcomes, ablation: Outcomes | None = None
         summary["grpo_over_sft_cost_per_success"] = (
             summary["grpo_cost_per_success"] / summary["sft_cost_per_success"]
         )
+    if ablation is not None:
+        # the claim's control: the trained arm against the same training without the efficiency channel
+        mean, low, high, p = paired_difference(ablation, trained, tasks)
+        summary.update(
+            {
+                "grpo_vs_w0_success_diff": mean,
+                "grpo_vs_w0_success_diff_ci_low": low,
+                "grpo_vs_w0_success_diff_ci_high": high,
+                "grpo_vs_w0_success_diff_p": p,
+                "grpo_over_w0_cost_per_success": None,
+                "grpo_over_w0_cost_per_success_ci": _interval(channel),
+            }
+        )
+        if summary["grpo_w0_cost_per_success"] and summary["grpo_cost_per_success"] is not None:
+            summary["grpo_over_w0_cost_per_success"] = (
+                summary["grpo_cost_per_success"] / summary["grpo_w0_cost_per_success"]
+            )
     return summary
+
+
+def paired_difference(base: Outcomes, other: Outcomes, tasks: list[str]) -> tuple[float, float, float, float]:
+    """``other`` − ``base`` success on the same ``tasks``: the mean per-task difference, its 95 % normal
+    interval, and the exact McNemar p-value of the discordant tasks."""
+    n = len(tasks)
+    diffs = [int(other.success[t]) - int(base.success[t]) for t in tasks]
+    mean = sum(diffs) / n
+    se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1) / n) if n > 1 else 0.0
+    return mean, mean - 1.96 * se, mean + 1.96 * se, mcnemar_p(diffs.count(1), diffs.count(-1))
