@@ -78,3 +78,18 @@ def test_a_text_action_with_a_lone_surrogate_encodes(tiny_tokenizer: Any) -> Non
     builder = PromptBuilder(tiny_tokenizer)
     ids = builder.action_ids("a\ud800b")
     assert builder.decode(ids[:-1]) == "a\ufffdb"
+
+
+def test_a_task_that_fails_to_generate_is_a_recorded_crash(
+    tiny_tokenizer: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fuzz run of hours must not die on one episode's set-up (it once did, on a repo seed's generator):
+    the failure is counted and kept as an example, with its seed and episode, and the run goes on."""
+
+    def broken(family: str, seed: int, difficulty: str) -> Any:
+        raise AssertionError(f"cannot generate {family} {seed}")
+
+    monkeypatch.setattr(fz, "make_task", broken)
+    report = fz.fuzz(tiny_tokenizer, episodes=2, modes=("file",), families=("repo",), workdir=tmp_path)
+    assert (report.episodes, report.crashes, report.steps) == (2, 2, 0)
+    assert report.examples[0]["episode"] == 0 and "cannot generate repo" in report.examples[0]["what"]

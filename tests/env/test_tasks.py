@@ -296,13 +296,20 @@ def test_offload_questions_need_every_report_and_details_can_be_reread(tmp_path:
     assert not task.verifier.verify(answer).success
 
 
-def test_repo_fails_until_fixed_and_test_edits_do_not_count(tmp_path: Path) -> None:
-    task = make_task("repo", 2)
+@pytest.mark.parametrize(("seed", "difficulty"), [(2, "default"), (771499, "easy")])
+def test_repo_fails_until_fixed_and_test_edits_do_not_count(
+    seed: int, difficulty: str, tmp_path: Path
+) -> None:
+    """Seed 771499 at easy is one whose first draw of functions leaves no function able to carry a unique bug
+    (the generator raised on it until the whole-step fuzzer found it); its second draw makes a task like any."""
+    task = make_task("repo", seed, difficulty)
     task.materialize(tmp_path)
     box = _sandbox(tmp_path)
     report = box.run("tools/run_tests")
     assert report.exit_code == 1 and f"FAIL: {task.metadata['failing_test']}" in report.output
-    assert "Ran 14 tests" in report.output
+    assert re.search(r"Ran \d+ tests", report.output) and (
+        difficulty != "default" or "Ran 14 tests" in report.output
+    )
     found = box.run(f"grep -rn 'def {task.metadata['bug_function']}(' repo/")
     assert found.output.startswith(task.metadata["bug_file"] + ":")
     # Cheating by rewriting the failing test is undone before grading.

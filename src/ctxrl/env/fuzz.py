@@ -281,8 +281,11 @@ def fuzz_parallel(seconds: float, *, seed: int = 0, workers: int = 1) -> FuzzRep
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         parts = [pool.submit(_worker, seconds, seed, i, workers) for i in range(workers)]
         report = FuzzReport()
-        for part in parts:
-            report.merge(part.result())
+        for i, part in enumerate(parts):
+            try:
+                report.merge(part.result())
+            except Exception:  # a worker that died is a crash; the others' counts stand
+                report.record("crash", {"worker": i, "seed": seed}, traceback.format_exc())
     return report
 
 
@@ -297,13 +300,14 @@ def _episode(
     workspace: Path,
 ) -> None:
     r = random.Random(f"{seed}-{k}")
-    task = make_task(family, r.randrange(1_000_000), "easy")
-    config = episode_config(task, builder.count)
-    config = replace(config, sandbox=replace(config.sandbox, timeout_s=COMMAND_TIMEOUT_S))
-    episode = TaskEpisode(task, mode, builder, workspace=workspace, config=config)
     where: dict[str, Any] = {"mode": mode, "family": family, "seed": seed, "episode": k, "step": 0}
     report.episodes += 1
-    try:
+    episode = None
+    try:  # the task's generation and the episode's set-up too: a crash there is recorded, not raised
+        task = make_task(family, r.randrange(1_000_000), "easy")
+        config = episode_config(task, builder.count)
+        config = replace(config, sandbox=replace(config.sandbox, timeout_s=COMMAND_TIMEOUT_S))
+        episode = TaskEpisode(task, mode, builder, workspace=workspace, config=config)
         episode.reset()
         prefix = episode.messages[:2]
         for step in range(STEPS_PER_EPISODE):
@@ -332,4 +336,5 @@ def _episode(
     except Exception:
         report.record("crash", where, traceback.format_exc())
     finally:
-        episode.teardown()
+        if episode is not None:
+            episode.teardown()
