@@ -536,9 +536,30 @@ def test_an_ablation_folder_shows_both_arms_and_the_held_out_comparison(
     assert "<td>0.62 ± 0.06</td><td>800 [700, 950]</td>" in answer  # 0.625 over 64 tasks: SE 0.061
     assert "<td>0.50 ± 0.06</td><td>1,100 [900, 1,300]</td>" in answer
     assert "grpo − sft success: +0.125, 95 % CI [+0.010, +0.240], exact McNemar p = 0.040." in answer
+    assert "grpo − grpo_w0 success" not in answer  # the summary holds no comparison with the ablation
+    assert (
+        'id="answer-table"' not in answer and 'id="plot-headline"' not in answer
+    )  # one stage's, not the arms'
     assert plots[0].id == "plot-arms"
     svg = plots[0].svg.decode()
     assert svg.count("<path") > 10  # curves, bands and error bars were drawn
+
+    summary.update(
+        {
+            "grpo_vs_w0_success_diff": 0.0625,
+            "grpo_vs_w0_success_diff_ci_low": -0.05,
+            "grpo_vs_w0_success_diff_ci_high": 0.175,
+            "grpo_vs_w0_success_diff_p": 0.3,
+            "grpo_over_w0_cost_per_success": 0.8,
+            "grpo_over_w0_cost_per_success_ci": [0.6, 1.1],
+        }
+    )
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    page, _ = render_report(read_run(tmp_path))
+    assert (
+        "grpo − grpo_w0 success: +0.062, 95 % CI [-0.050, +0.175], exact McNemar p = 0.300; compute per success "
+        "×0.80 [0.60, 1.10]." in page
+    )
 
     (tmp_path / "summary.json").write_text('{"heldout_tasks": 64}')
     assert "summary.json: not the summary of 'ctxrl compare'" in _error(capsys, ["report", str(tmp_path)])

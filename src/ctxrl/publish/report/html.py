@@ -155,14 +155,23 @@ def comparison_table(summary: Mapping[str, Any]) -> str:
             f'<tr><td class="l">{_e(key)}</td>' + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>"
         )
     out.append("</tbody></table>")
-    diff, low, high, p = (
-        summary.get(k)
-        for k in ("success_diff", "success_diff_ci_low", "success_diff_ci_high", "success_diff_p")
-    )
-    if is_number(diff) and is_number(low) and is_number(high):
+    for label, prefix, ratio in (
+        ("grpo − sft", "success_diff", "grpo_over_sft_cost_per_success"),
+        ("grpo − grpo_w0", "grpo_vs_w0_success_diff", "grpo_over_w0_cost_per_success"),
+    ):
+        diff, low, high, p = (summary.get(prefix + k) for k in ("", "_ci_low", "_ci_high", "_p"))
+        if not (is_number(diff) and is_number(low) and is_number(high)):
+            continue
+        times, bounds = summary.get(ratio), summary.get(ratio + "_ci")
         out.append(
-            f"<p>grpo − sft success: {diff:+.3f}, 95 % CI [{low:+.3f}, {high:+.3f}]"
+            f"<p>{label} success: {diff:+.3f}, 95 % CI [{low:+.3f}, {high:+.3f}]"
             + (f", exact McNemar p = {p:.3f}" if is_number(p) else "")
+            + (f"; compute per success ×{times:.2f}" if is_number(times) else "")
+            + (
+                f" [{bounds[0]:.2f}, {bounds[1]:.2f}]"
+                if isinstance(bounds, list | tuple) and len(bounds) == 2
+                else ""
+            )
             + ".</p>"
         )
     return "".join(out)
@@ -248,9 +257,10 @@ def render_report(run: RunData, *, max_episodes: int = 6) -> tuple[str, list[Plo
         arms_plot = plot_arms(run.arms, run.comparison)
         plots.append(arms_plot)
         answer.append(_figure_html(arms_plot))
-    if run.eval is not None:
+    # with arms side by side, the first screen compares them; one stage's eval and curves stay below
+    if run.eval is not None and not run.arms:
         answer.append(answer_table(run.eval["summary"]))
-    headline = plot_headline(run.metrics) if run.metrics else None
+    headline = plot_headline(run.metrics) if run.metrics and not run.arms else None
     if headline is not None:
         plots.append(headline)
         answer += [f"<p class=meta>{_e(trend_line(run.metrics or []))}</p>", _figure_html(headline)]
