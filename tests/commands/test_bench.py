@@ -232,12 +232,19 @@ def test_several_from_files_make_one_table_each_bench_from_the_newest(tmp_path: 
         "2026-12-01 02:40 UTC",
         {
             "harness": {"h": 1.0},
-            "train": {"packed_step_s": 4.0, "smollm2_update_s": 440.0, "sft_speedup": 1.3},
+            "train": {
+                "packed_step_s": 4.0,
+                "smollm2_update_s": 440.0,
+                "smollm2_step_s": 716.0,
+                "sft_speedup": 1.3,
+            },
             "fuzz": {"steps": 10.0},
         },
     )
     new = _report(
-        "2026-12-03 15:00 UTC", {"train": {"packed_step_s": 2.0}, "fuzz": {"steps": 9e4}}, "ctxrl x"
+        "2026-12-03 15:00 UTC",
+        {"train": {"packed_step_s": 2.0, "packed_step_spread_s": 0.5}, "fuzz": {"steps": 9e4}},
+        "ctxrl x",
     )
     paths = [tmp_path / "old.json", tmp_path / "new.json"]
     for path, report in zip(paths, (old, new)):
@@ -255,7 +262,9 @@ def test_several_from_files_make_one_table_each_bench_from_the_newest(tmp_path: 
         "|---|---|---|",
         "| harness | `h` | 1 |",
         "| train | `packed_step_s` | 2 |",
+        "| train | `packed_step_spread_s` | 0.5 |",  # a figure born after the split stays where it is
         "| smollm2 | `smollm2_update_s` | 440 |",
+        "| smollm2 | `smollm2_step_s` | 716 |",
         "| smollm2 | `sft_speedup` | 1.3 |",
         "| fuzz | `steps` | 9e+04 |",
     ]
