@@ -438,10 +438,8 @@ def _alternate(fns: Sequence[Callable[[], None]], repeats: int, *, warmup: int =
 def trainer_update(model: Any, optimizer: Any, rows: Sequence[Any], config: Any, pad_id: int) -> Any:
     """One update as :func:`ctxrl.train.grpo.train` runs it in one process: :func:`grpo_update` (layouts,
     forward, loss, backward, clipping, the optimiser step) with the trainer's packing check and layout sizes."""
-    from ctxrl.train.logprobs import packing_supported
-    from ctxrl.train.update import grpo_update, layout_sizes
+    from ctxrl.train.update import grpo_update, layout_sizes, packs_lines
 
-    packs = config.packing == "packed" or (config.packing in ("auto", "shared") and packing_supported(model))
     return grpo_update(
         _accelerator(),
         model,
@@ -450,7 +448,7 @@ def trainer_update(model: Any, optimizer: Any, rows: Sequence[Any], config: Any,
         config,
         pad_id=pad_id,
         sizes=layout_sizes(model),
-        packs=packs,
+        packs=packs_lines(config, model),
         shared_ok=True,
     )
 

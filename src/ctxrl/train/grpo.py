@@ -59,14 +59,13 @@ from ctxrl.train.config import TrainConfig
 from ctxrl.train.credit import assign_credit
 from ctxrl.train.distributed import configure_deepspeed, make_accelerator
 from ctxrl.train.engines.base import Engine, SamplingConfig
-from ctxrl.train.logprobs import packing_supported
 from ctxrl.train.policy import geometry, load_policy, reference_logprobs
 from ctxrl.train.rollout import RolloutConfig, rollout
 from ctxrl.train.rows import episode_rows
 from ctxrl.train.run_folder import CHECKPOINTS, METRICS, RANKS, truncate_metrics
 from ctxrl.train.step_metrics import groups_with_success, progress_bar, step_metrics, summary_line
 from ctxrl.train.tracking import NoTracker, Tracker, make_tracker
-from ctxrl.train.update import grpo_update, layout_sizes
+from ctxrl.train.update import grpo_update, layout_sizes, packs_lines
 
 
 @dataclass(frozen=True)
@@ -167,7 +166,7 @@ def train(
     model, optimizer = acc.prepare(model, optimizer)
     policy = acc.unwrap_model(model)
     # auto: each update takes the cheapest layout its rows allow (shared prefixes, packed lines, padding)
-    packs = config.packing == "packed" or (config.packing in ("auto", "shared") and packing_supported(policy))
+    packs = packs_lines(config, policy)
     shared_ok = world == 1  # a shared prefix backs up twice per unit, which DDP's reducer refuses
     sizes = layout_sizes(policy)
     pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)

@@ -40,7 +40,7 @@ import torch
 from ctxrl.errors import ConfigError
 from ctxrl.rewards.cost import ModelGeometry
 from ctxrl.train.config import TrainConfig
-from ctxrl.train.logprobs import token_logprobs
+from ctxrl.train.logprobs import packing_supported, token_logprobs
 from ctxrl.train.loss import LossConfig, LossStats, policy_loss, token_mean_scale
 from ctxrl.train.rows import (
     LayoutKind,
@@ -400,6 +400,12 @@ class UpdateResult:
     entropy_sum: float
     grad_norms: list[float]
     layouts: list[list[LayoutUnit]]
+
+
+def packs_lines(config: TrainConfig, model: Any) -> bool:
+    """Whether the update may pack rows into one line: asked for (``packed``), or allowed (``auto`` /
+    ``shared``) and the model honours position-id packing (checked with three small forward passes)."""
+    return config.packing == "packed" or (config.packing in ("auto", "shared") and packing_supported(model))
 
 
 def grpo_update(
