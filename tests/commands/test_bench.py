@@ -487,6 +487,9 @@ def test_bench_smollm2_quick(tmp_path: Path) -> None:
         "sft_speedup",
         "sft_tokens_per_s",
         "sft_trl_tokens_per_s",
+        "sft_speedup_episode_steps",
+        "sft_tokens_per_s_episode_steps",
+        "sft_trl_tokens_per_s_episode_steps",
     }
     # every row of the group starts with the pinned prefix: the update computes it once
     assert figures["smollm2_layout_shared"] == 1.0
@@ -495,6 +498,7 @@ def test_bench_smollm2_quick(tmp_path: Path) -> None:
         figures["smollm2_legacy_update_s"] / figures["smollm2_update_s"]
     )
     assert figures["matmul_gflops"] > 0 and figures["update_flops_efficiency"] > 0
-    assert figures["sft_speedup"] == pytest.approx(
-        figures["sft_tokens_per_s"] / figures["sft_trl_tokens_per_s"]
-    )
+    for suffix in ("", "_episode_steps"):
+        assert figures[f"sft_speedup{suffix}"] == pytest.approx(
+            figures[f"sft_tokens_per_s{suffix}"] / figures[f"sft_trl_tokens_per_s{suffix}"]
+        )

@@ -370,6 +370,25 @@ def test_sft_steps_cover_every_example_once_per_epoch() -> None:
     assert len(sft_steps(ex, SFTConfig(max_seq_len=64, batch_tokens=64, max_steps=7))) == 7
 
 
+def test_episode_steps_keep_each_episodes_examples_together_in_order() -> None:
+    # three episodes of 3, 2 and 4 examples (20 tokens each); steps of at most 60 tokens
+    ex = [SFTExample([1] * 20, [0] * 19 + [1], e, (k,)) for e, n in enumerate([3, 2, 4]) for k in range(n)]
+    cfg = SFTConfig(max_seq_len=20, batch_tokens=60, epochs=2, steps_by="episode")
+    steps = sft_steps(ex, cfg)
+    assert sorted(i for s in steps for i in s) == sorted(list(range(9)) * 2)
+    assert all(sum(len(ex[i].input_ids) for i in s) <= 60 for s in steps)
+    for half in (steps[: len(steps) // 2], steps[len(steps) // 2 :]):
+        order = [i for s in half for i in s]
+        runs = [ex[i].episode for i in order]
+        # each episode is one contiguous run, its examples in their recorded order
+        assert len(runs) == 9 and sum(a != b for a, b in zip(runs, runs[1:], strict=False)) == 2
+        assert all(order[k] < order[k + 1] for k in range(8) if runs[k] == runs[k + 1])
+    assert all(len({ex[i].episode for i in s}) <= 2 for s in steps)
+    # the per-example default mixes episodes within a step for the same data
+    mixed = sft_steps(ex, SFTConfig(max_seq_len=20, batch_tokens=60, epochs=2))
+    assert any(len({ex[i].episode for i in s}) > 1 for s in mixed)
+
+
 def test_lora_sft_saves_a_bf16_adapter_that_merges_into_the_saved_model_exactly(
     records: SimpleNamespace, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -51,8 +51,9 @@ population std + ``eps`` (1e-6).
 engine, 8 episodes of one ``short`` retention task in file mode, timed in parts (rollout, update, weight
 sync), the update against the one it replaced (packed lines with full logits), FLOP and memory-bandwidth
 efficiencies against this machine's measured matmul rate and copy bandwidth; then ``sft_speedup``, the SFT
-path against TRL's ``SFTTrainer`` on the same demonstrations (:func:`_smollm2_step`, :func:`_sft_speedup`
-say what each figure is). One timed repeat: a repeat of the update alone is about 15 minutes here.
+path against TRL's ``SFTTrainer`` on the same demonstrations, one sequence a step, and
+``sft_speedup_episode_steps``, the same at the ladder's 16k tokens a step with the SFT path's steps holding
+whole episodes (:func:`_smollm2_step`, :func:`_sft_speedup`, :data:`SFT_SETUPS` say what each figure is). One timed repeat: a repeat of the update alone is about 15 minutes here.
 
 ``--quick`` is a smoke run of the same code on small sizes (``train``: 4-step episodes, short prompts, two
 repeats; ``smollm2``: the tiny model with the scripted file manager as its engine); its ratios say the path
@@ -802,11 +803,21 @@ def _smollm2_step(sizes: StepSizes, tmp: Path) -> dict[str, float]:
     return figures
 
 
+SFT_SETUPS = {
+    "": dict(max_seq_len=2048, batch_tokens=2048, steps_by="example", tasks=2),
+    "_episode_steps": dict(max_seq_len=4096, batch_tokens=16384, steps_by="episode", tasks=4),
+}
+"""The two SFT setups the bench times, by the suffix of their figures: configs/sft_smollm2.yaml's (one
+2,048-token sequence a step, so nothing to share) and configs/sft_smollm2_ladder.yaml's (16k tokens a step of
+rows up to 4,096) with the ctxrl trainer's steps holding whole episodes (``sft.steps_by: episode``). TRL runs
+each at the same sequence length and tokens per step."""
+
+
 def _sft_speedup(sizes: StepSizes, tmp: Path, *, steps: int) -> dict[str, float]:
-    """The SFT path against TRL's ``SFTTrainer`` on the same demonstrations, set up as
-    configs/sft_smollm2.yaml (LoRA r = 16 without dropout, no gradient checkpointing, 2,048-token sequences,
-    one sequence's worth of tokens per step): the scripted file manager's episodes of two tasks, recorded with
-    the model's tokenizer; ``steps`` optimiser steps each, tokens per second of training."""
+    """The SFT path against TRL's ``SFTTrainer`` on the same demonstrations, in each of :data:`SFT_SETUPS`
+    (LoRA r = 16 without dropout, no gradient checkpointing, as configs/sft_smollm2*.yaml): the scripted file
+    manager's episodes of train tasks, recorded with the model's tokenizer; ``steps`` optimiser steps each,
+    tokens per second of training."""
     from ctxrl.env.policies import make_policy
     from ctxrl.env.tasks.registry import make_task
     from ctxrl.env.tokenizer import load_tokenizer_dir
@@ -821,7 +832,7 @@ def _sft_speedup(sizes: StepSizes, tmp: Path, *, steps: int) -> dict[str, float]
     tokenizer = load_tokenizer_dir(model_dir)
     policy = text_policy(make_policy("file-manager"), tokenizer)
     engine = make_engine(EngineConfig(name="scripted"), model_dir, tokenizer=tokenizer, policy=policy)
-    tasks = [make_task("retention", seed, sizes.difficulty, split="train") for seed in (1, 2)]
+    tasks = [make_task("retention", seed, sizes.difficulty, split="train") for seed in (1, 2, 3, 4)]
     demos = rollout(
         engine,
         tokenizer,
@@ -829,24 +840,28 @@ def _sft_speedup(sizes: StepSizes, tmp: Path, *, steps: int) -> dict[str, float]
         RolloutConfig(group_size=1, mode="file", max_steps=sizes.max_steps),
         sampling=SamplingConfig(max_new_tokens=4096),
     ).episodes
-    examples, _ = sft_examples(demos, max_seq_len=2048, successful_only=False)
-    rates = {}
-    for trainer in ("ctxrl", "trl"):
-        config = SFTConfig(
-            trainer=trainer,
-            lr=1e-3,
-            max_steps=steps,
-            max_seq_len=2048,
-            batch_tokens=2048,
-            lora=LoraSettings(enabled=True, r=16, alpha=32, dropout=0.0),
+    figures: dict[str, float] = {}
+    for suffix, setup in SFT_SETUPS.items():
+        examples, _ = sft_examples(
+            demos[: int(setup["tasks"])], max_seq_len=int(setup["max_seq_len"]), successful_only=False
         )
-        result = train_sft(config, model_dir, examples, tmp / f"sft-{trainer}", progress=False)
-        rates[trainer] = result.tokens_per_s
-    return {
-        "sft_speedup": rates["ctxrl"] / rates["trl"],
-        "sft_tokens_per_s": rates["ctxrl"],
-        "sft_trl_tokens_per_s": rates["trl"],
-    }
+        rates = {}
+        for trainer in ("ctxrl", "trl"):
+            config = SFTConfig(
+                trainer=trainer,
+                lr=1e-3,
+                max_steps=steps,
+                max_seq_len=int(setup["max_seq_len"]),
+                batch_tokens=int(setup["batch_tokens"]),
+                steps_by=setup["steps_by"] if trainer == "ctxrl" else "example",  # type: ignore[arg-type]
+                lora=LoraSettings(enabled=True, r=16, alpha=32, dropout=0.0),
+            )
+            out = tmp / f"sft{suffix}-{trainer}"
+            rates[trainer] = train_sft(config, model_dir, examples, out, progress=False).tokens_per_s
+        figures[f"sft_speedup{suffix}"] = rates["ctxrl"] / rates["trl"]
+        figures[f"sft_tokens_per_s{suffix}"] = rates["ctxrl"]
+        figures[f"sft_trl_tokens_per_s{suffix}"] = rates["trl"]
+    return figures
 
 
 def bench_train(args: argparse.Namespace) -> dict[str, float]:

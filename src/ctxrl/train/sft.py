@@ -60,10 +60,16 @@ class SFTConfig:
     batch_tokens: int = 16384
     """Tokens per optimiser step: gradients accumulate over ``batch_tokens // max_seq_len`` sequences of at
     most ``max_seq_len`` tokens each (packed sequences, or one row each when padded)."""
+    steps_by: Literal["example", "episode"] = "example"
+    """How an epoch is cut into optimiser steps (:func:`sft_steps`). ``example``: the examples shuffled one by
+    one. ``episode``: the episodes shuffled, each episode's examples kept together and in order, as a
+    multi-turn SFT example keeps a whole conversation; the rows of one step then share their episode's pinned
+    prefix, which the ``ctxrl`` trainer computes once (``ctxrl bench smollm2``'s ``sft_speedup_episode_steps``).
+    The same examples and tokens per epoch either way; only which examples share a step changes."""
     trainer: Literal["ctxrl", "trl"] = "ctxrl"
     """``ctxrl``: the GRPO trainer's own update (:func:`ctxrl.train.update.nll_backward`: shared prefixes, the
     LM head only at loss tokens) in a plain AdamW loop; ``trl``: TRL's ``SFTTrainer`` (the parity reference:
-    the same loss, slower on a CPU, ``ctxrl bench train``'s ``sft_speedup``)."""
+    the same loss, slower on a CPU, ``ctxrl bench smollm2``'s ``sft_speedup``)."""
     packing: Literal["auto", "shared", "packed", "padded"] = "auto"
     """``auto``: with ``trainer: ctxrl`` the cheapest layout of each step's rows by estimated FLOPs (each
     episode's common prefix once, packed or padded); with ``trl`` packs rows when the model honours
@@ -127,6 +133,8 @@ class SFTConfig:
                 f"sft.decision_copies and sft.heldout_episodes must be >= 0, got {self.decision_copies} "
                 f"and {self.heldout_episodes}"
             )
+        if self.steps_by == "episode" and self.trainer == "trl":
+            raise ConfigError("sft.steps_by: episode needs sft.trainer: ctxrl (TRL's sampler shuffles rows)")
         if self.packing == "shared" and self.trainer == "trl":
             raise ConfigError("sft.packing: shared needs sft.trainer: ctxrl (TRL packs or pads rows)")
 
@@ -559,19 +567,32 @@ def save_adapter_bf16(model: Any, folder: Path) -> None:
 
 def sft_steps(examples: Sequence[SFTExample], config: SFTConfig) -> list[list[int]]:
     """The optimiser steps of a run, as lists of example indices: each epoch shuffles the examples (seeded
-    by ``config.seed`` and the epoch) and cuts them, in that order, into steps of at most
-    ``config.batch_tokens`` tokens (an example longer than that alone). A fractional last epoch keeps the
-    first part of its steps; ``max_steps`` > 0 runs exactly that many (epochs repeat as needed).
+    by ``config.seed`` and the epoch; with ``steps_by: episode`` the episodes, each one's examples kept
+    together in their order) and cuts them, in that order, into steps of at most ``config.batch_tokens``
+    tokens (an example longer than that alone). A fractional last epoch keeps the first part of its steps;
+    ``max_steps`` > 0 runs exactly that many (epochs repeat as needed).
 
-    >>> ex = [SFTExample([1] * n, [0] * (n - 1) + [1], 0, (0,)) for n in (6, 5, 4, 3)]
+    >>> ex = [SFTExample([1] * n, [0] * (n - 1) + [1], e, (0,)) for n, e in ((6, 0), (5, 1), (4, 0), (3, 1))]
     >>> len(sft_steps(ex, SFTConfig(max_seq_len=8, batch_tokens=10, epochs=1)))
     2
+    >>> sorted(sorted(step) for step in sft_steps(ex, SFTConfig(max_seq_len=8, batch_tokens=10, steps_by="episode")))
+    [[0, 2], [1, 3]]
     """
     import random
 
+    episodes: dict[int, list[int]] = {}
+    for i, example in enumerate(examples):
+        episodes.setdefault(example.episode, []).append(i)
+
     def epoch(k: int) -> list[list[int]]:
-        order = list(range(len(examples)))
-        random.Random(config.seed * 1000 + k).shuffle(order)
+        rng = random.Random(config.seed * 1000 + k)
+        if config.steps_by == "episode":
+            keys = list(episodes)
+            rng.shuffle(keys)
+            order = [i for key in keys for i in episodes[key]]
+        else:
+            order = list(range(len(examples)))
+            rng.shuffle(order)
         steps: list[list[int]] = []
         used = 0
         for i in order:
