@@ -467,6 +467,31 @@ def test_bench_train_quick_times_the_trainers_own_update(
     )
 
 
+def test_bench_precision_quick(tmp_path: Path) -> None:
+    out = tmp_path / "precision.json"
+    assert main(["bench", "precision", "--quick", "--json", str(out)]) == 0
+    figures = _figures(out)
+    assert set(figures) == {
+        "bf16_matmul_speedup",
+        "matmul_fp32_gflops",
+        "matmul_bf16_gflops",
+        "update_fp32_s",
+        "update_bf16_s",
+        "bf16_update_speedup",
+        "bf16_logprob_abs_diff_mean",
+        "bf16_logprob_abs_diff_max",
+        "bf16_rollout_speedup",
+        "rollout_fp32_s",
+        "rollout_bf16_s",
+    }
+    for part in ("matmul", "update", "rollout"):
+        fp32 = figures[f"{part}_fp32_s"] if part != "matmul" else 1 / figures["matmul_fp32_gflops"]
+        bf16 = figures[f"{part}_bf16_s"] if part != "matmul" else 1 / figures["matmul_bf16_gflops"]
+        assert figures[f"bf16_{part}_speedup"] == pytest.approx(fp32 / bf16)
+    # bfloat16 keeps ~3 significant digits: the logprobs move, by far less than a nat
+    assert 0 < figures["bf16_logprob_abs_diff_mean"] <= figures["bf16_logprob_abs_diff_max"] < 1.0
+
+
 def test_bench_smollm2_quick(tmp_path: Path) -> None:
     out = tmp_path / "smollm2.json"
     assert main(["bench", "smollm2", "--quick", "--json", str(out)]) == 0

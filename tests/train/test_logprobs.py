@@ -129,3 +129,27 @@ def test_gradients_flow_through_packed_logprobs(model: Any) -> None:
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert grads and any(bool(g.abs().sum() > 0) for g in grads)
     model.zero_grad(set_to_none=True)
+
+
+class _IgnoresPacking(torch.nn.Module):
+    """A model that drops the position ids, so packed rows attend to each other (what packing must catch)."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__()
+        self.inner = inner
+        self.config = inner.config
+
+    def forward(self, **kwargs: Any) -> Any:
+        kwargs.pop("position_ids")
+        return self.inner(**kwargs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packing_check_holds_in_each_dtype_and_catches_a_model_that_ignores_positions(
+    tiny_model_dir: Path, dtype: torch.dtype
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=dtype).eval()
+    assert packing_supported(model)
+    assert not packing_supported(_IgnoresPacking(model))

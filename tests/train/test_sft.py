@@ -3,6 +3,7 @@ and one-line errors on bad input."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -381,7 +382,7 @@ def test_episode_steps_keep_each_episodes_examples_together_in_order() -> None:
         order = [i for s in half for i in s]
         runs = [ex[i].episode for i in order]
         # each episode is one contiguous run, its examples in their recorded order
-        assert len(runs) == 9 and sum(a != b for a, b in zip(runs, runs[1:], strict=False)) == 2
+        assert len(runs) == 9 and sum(a != b for a, b in itertools.pairwise(runs)) == 2
         assert all(order[k] < order[k + 1] for k in range(8) if runs[k] == runs[k + 1])
     assert all(len({ex[i].episode for i in s}) <= 2 for s in steps)
     # the per-example default mixes episodes within a step for the same data

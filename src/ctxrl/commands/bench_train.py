@@ -803,9 +803,18 @@ def _smollm2_step(sizes: StepSizes, tmp: Path) -> dict[str, float]:
     return figures
 
 
+@dataclass(frozen=True)
+class SFTSetup:
+    max_seq_len: int
+    batch_tokens: int
+    steps_by: Literal["example", "episode"]
+    tasks: int
+    """Demonstrations (one task each) trained on."""
+
+
 SFT_SETUPS = {
-    "": dict(max_seq_len=2048, batch_tokens=2048, steps_by="example", tasks=2),
-    "_episode_steps": dict(max_seq_len=4096, batch_tokens=16384, steps_by="episode", tasks=4),
+    "": SFTSetup(max_seq_len=2048, batch_tokens=2048, steps_by="example", tasks=2),
+    "_episode_steps": SFTSetup(max_seq_len=4096, batch_tokens=16384, steps_by="episode", tasks=4),
 }
 """The two SFT setups the bench times, by the suffix of their figures: configs/sft_smollm2.yaml's (one
 2,048-token sequence a step, so nothing to share) and configs/sft_smollm2_ladder.yaml's (16k tokens a step of
@@ -842,18 +851,16 @@ def _sft_speedup(sizes: StepSizes, tmp: Path, *, steps: int) -> dict[str, float]
     ).episodes
     figures: dict[str, float] = {}
     for suffix, setup in SFT_SETUPS.items():
-        examples, _ = sft_examples(
-            demos[: int(setup["tasks"])], max_seq_len=int(setup["max_seq_len"]), successful_only=False
-        )
+        examples, _ = sft_examples(demos[: setup.tasks], max_seq_len=setup.max_seq_len, successful_only=False)
         rates = {}
         for trainer in ("ctxrl", "trl"):
             config = SFTConfig(
                 trainer=trainer,
                 lr=1e-3,
                 max_steps=steps,
-                max_seq_len=int(setup["max_seq_len"]),
-                batch_tokens=int(setup["batch_tokens"]),
-                steps_by=setup["steps_by"] if trainer == "ctxrl" else "example",  # type: ignore[arg-type]
+                max_seq_len=setup.max_seq_len,
+                batch_tokens=setup.batch_tokens,
+                steps_by=setup.steps_by if trainer == "ctxrl" else "example",
                 lora=LoraSettings(enabled=True, r=16, alpha=32, dropout=0.0),
             )
             out = tmp / f"sft{suffix}-{trainer}"

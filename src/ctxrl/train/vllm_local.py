@@ -57,11 +57,12 @@ def make_llm(
     max_model_len: int | None = None,
     enable_prefix_caching: bool = True,
     enforce_eager: bool = True,
+    dtype: str | None = None,
     **kwargs: Any,
 ) -> Any:
     """Return a ``vllm.LLM`` on ``model_dir`` with prefix caching on, compact structured outputs
     (:data:`STRUCTURED_OUTPUTS`) and the CPU defaults applied (``max_model_len`` None:
-    :data:`DEFAULT_MAX_MODEL_LEN`)."""
+    :data:`DEFAULT_MAX_MODEL_LEN`; ``dtype`` None: float32 on a CPU, the checkpoint's own on CUDA)."""
     if not cuda_available():
         apply_cpu_env()
     from vllm import LLM
@@ -72,6 +73,6 @@ def make_llm(
         max_model_len=max_model_len or DEFAULT_MAX_MODEL_LEN,
         enable_prefix_caching=enable_prefix_caching,
         enforce_eager=enforce_eager,
-        dtype="float32" if not cuda_available() else "auto",
+        dtype=dtype or ("float32" if not cuda_available() else "auto"),  # type: ignore[arg-type]
         **{"structured_outputs_config": dict(STRUCTURED_OUTPUTS), **kwargs},
     )

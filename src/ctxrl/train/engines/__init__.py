@@ -73,7 +73,9 @@ class EngineSpec:
 def _vllm(cfg: EngineConfig, model_dir: Path | None, tokenizer: Any, policy: Policy | None) -> Engine:
     from ctxrl.train.engines.vllm_engine import VLLMEngine
 
-    return VLLMEngine.load(_need_dir(cfg.name, model_dir), seed=cfg.seed, max_model_len=cfg.max_model_len)
+    return VLLMEngine.load(
+        _need_dir(cfg.name, model_dir), seed=cfg.seed, max_model_len=cfg.max_model_len, dtype=cfg.dtype
+    )
 
 
 def _vllm_server(cfg: EngineConfig, model_dir: Path | None, tokenizer: Any, policy: Policy | None) -> Engine:
@@ -84,7 +86,7 @@ def _vllm_server(cfg: EngineConfig, model_dir: Path | None, tokenizer: Any, poli
     server = VLLMServer(
         _need_dir(cfg.name, model_dir),
         port=cfg.server_port,
-        dtype=cfg.dtype,
+        dtype=cfg.dtype or "float32",
         seed=cfg.seed,
         startup_timeout=cfg.startup_timeout_s,
         max_model_len=cfg.max_model_len,
@@ -101,7 +103,7 @@ def _hf(cfg: EngineConfig, model_dir: Path | None, tokenizer: Any, policy: Polic
 
     return HFEngine.load(
         _need_dir(cfg.name, model_dir),
-        dtype=cfg.dtype,
+        dtype=cfg.dtype or "float32",
         seed=cfg.seed,
         batch_size=cfg.batch_size,
         max_model_len=cfg.max_model_len,

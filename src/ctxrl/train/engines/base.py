@@ -52,8 +52,11 @@ class EngineConfig:
     the tokenizer's maximum length)."""
     seed: int = 0
     """Seeds the engine once (requests carry no seed, see :class:`SamplingConfig`)."""
-    dtype: str = "float32"
-    """Weights' dtype (``hf`` and a started ``vllm-server``; fp32 is the fastest on these CPUs)."""
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """Weights' dtype of an engine that loads the model (``vllm``, ``hf``, a started ``vllm-server``); None:
+    float32, except the in-process ``vllm`` engine on CUDA, which keeps the checkpoint's own dtype. On the
+    2-core EPYC of this project's CPU machines bfloat16 generates faster than float32 (``ctxrl bench
+    precision``); the trainer's logprobs then differ from the engine's by more (its ``train.dtype``)."""
     server_url: str | None = None
     """``vllm-server``: the base URL of a running server; None starts one on the model folder."""
     server_port: int | None = None

@@ -1,0 +1,203 @@
+"""``ctxrl bench precision``: bfloat16 against float32 on this machine, for the two halves of a GRPO step.
+
+Every figure is a ratio of two runs of the same work side by side in one bench run, float32 ÷ bfloat16
+wall time (above 1: bfloat16 is faster), or the size of the difference bfloat16 makes:
+
+- ``bf16_matmul_speedup``: a ``T × width`` by ``width × 4·width`` product (the shape of the model's MLP at
+  ``T`` tokens), best of three; ``matmul_fp32_gflops`` / ``matmul_bf16_gflops`` the rates.
+- ``bf16_update_speedup``: the trainer's own backward pass (:func:`ctxrl.train.update.nll_backward` on the
+  shared-prefix layout) over one group of rows, the model with a LoRA adapter loaded in each dtype
+  (``train.dtype``), median of three.
+- ``bf16_logprob_abs_diff_mean`` / ``_max``: how far the bfloat16 model's logprobs of the loss tokens of those
+  rows are from the float32 model's (nats): the noise a bfloat16 trainer adds to every importance ratio.
+- ``bf16_rollout_speedup``: the in-process ``vllm`` engine (``engine.dtype``) generating for a group of
+  prompts that share a long prefix, several turns each, prefix caching on; each dtype in its own process.
+
+Full run: SmolLM2-135M-Instruct, 8 rows / prompts of ~1.5k tokens sharing a 1.3k-token prefix, 64 new tokens
+a turn for 6 turns. ``--quick``: the tiny model on small sizes (says the path works, not what it saves).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PrecisionSizes:
+    model: str
+    """A registry name, or ``tiny`` (built into the bench's temporary folder)."""
+    rows: int
+    prefix_tokens: int
+    suffix_tokens: int
+    loss_tokens: int
+    new_tokens: int
+    turns: int
+    repeats: int
+
+
+FULL = PrecisionSizes("smollm2-135m-instruct", 8, 1300, 200, 64, 64, 6, 3)
+QUICK = PrecisionSizes("tiny", 2, 64, 16, 8, 8, 2, 1)
+
+DTYPES = ("float32", "bfloat16")
+
+
+def _rows(sizes: PrecisionSizes, vocab: int) -> list[Any]:
+    """One group of rows that share a prefix, the loss on each row's last ``loss_tokens``."""
+    import random
+
+    from ctxrl.train.rows import Row
+
+    rng = random.Random(0)
+    prefix = [rng.randrange(100, vocab) for _ in range(sizes.prefix_tokens)]
+    rows = []
+    for i in range(sizes.rows):
+        ids = prefix + [rng.randrange(100, vocab) for _ in range(sizes.suffix_tokens)]
+        n = len(ids)
+        mask = [0] * (n - sizes.loss_tokens) + [1] * sizes.loss_tokens
+        rows.append(Row(ids, mask, [0.0] * n, [0.0] * n, [0] * n, [(n - sizes.loss_tokens, n)], i, 0, (0,)))
+    return rows
+
+
+def _matmul(tokens: int, width: int, dtype: Any, repeats: int = 3) -> float:
+    """FLOP/s of a ``tokens × width`` by ``width × 4·width`` product in ``dtype`` (best of ``repeats``)."""
+    import torch
+
+    a = torch.randn(tokens, width).to(dtype)
+    b = torch.randn(width, 4 * width).to(dtype)
+    a @ b  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * tokens * width * 4 * width / best
+
+
+def _update(model_dir: Path, sizes: PrecisionSizes) -> dict[str, float]:
+    """Median seconds of the trainer's backward per dtype, and the bfloat16 logprob error."""
+    import torch
+
+    from ctxrl.env.tokenizer import load_tokenizer_dir
+    from ctxrl.train.config import LoraSettings, TrainConfig
+    from ctxrl.train.policy import load_policy
+    from ctxrl.train.update import layout_logprobs, layout_sizes, make_layout, nll_backward
+
+    pad_id = int(load_tokenizer_dir(model_dir).pad_token_id or 0)
+    seconds: dict[str, float] = {}
+    logprobs: dict[str, torch.Tensor] = {}
+    figures: dict[str, float] = {}
+    for dtype in DTYPES:
+        config = TrainConfig(lora=LoraSettings(enabled=True, dropout=0.0), dtype=dtype)  # type: ignore[arg-type]
+        model = load_policy(model_dir, config).train()
+        rows = _rows(sizes, int(model.config.vocab_size))
+        units = make_layout(rows, "shared", 8192, pad_id, layout_sizes(model), packs=False)
+        n_loss = float(sum(r.num_loss_tokens for r in rows))
+        nll_backward(model, units, num_loss_tokens=n_loss)  # warm-up
+        times = []
+        for _ in range(sizes.repeats):
+            model.zero_grad(set_to_none=True)
+            start = time.perf_counter()
+            nll_backward(model, units, num_loss_tokens=n_loss)
+            times.append(time.perf_counter() - start)
+        seconds[dtype] = statistics.median(times)
+        # the same rows give the same layout in either dtype: its microbatches line up one to one
+        per_batch = layout_logprobs(model, units, torch.device("cpu"))
+        logprobs[dtype] = torch.cat([lp.double().reshape(-1) for unit in per_batch for lp in unit])
+        figures[f"update_{'fp32' if dtype == 'float32' else 'bf16'}_s"] = seconds[dtype]
+    at_loss = logprobs["float32"] != 0  # every other position is 0 (no logit is taken there)
+    diff = (logprobs["bfloat16"] - logprobs["float32"])[at_loss].abs()
+    figures["bf16_update_speedup"] = seconds["float32"] / seconds["bfloat16"]
+    figures["bf16_logprob_abs_diff_mean"] = float(diff.mean())
+    figures["bf16_logprob_abs_diff_max"] = float(diff.max())
+    return figures
+
+
+def rollout_seconds(model_dir: str, dtype: str, sizes: PrecisionSizes) -> float:
+    """Wall seconds of the in-process ``vllm`` engine in ``dtype`` generating ``sizes.turns`` turns for
+    ``sizes.rows`` prompts that share a prefix (each turn appends the completion and a short observation)."""
+    import random
+
+    from ctxrl.train.engines import EngineConfig, SamplingConfig, make_engine
+
+    engine = make_engine(EngineConfig(name="vllm", dtype=dtype, max_model_len=4096), Path(model_dir))  # type: ignore[arg-type]
+    try:
+        vocab = int(engine.vocab_size)  # type: ignore[attr-defined]
+        rng = random.Random(0)
+        prefix = [rng.randrange(100, vocab) for _ in range(sizes.prefix_tokens)]
+        prompts = [
+            prefix + [rng.randrange(100, vocab) for _ in range(sizes.suffix_tokens)]
+            for _ in range(sizes.rows)
+        ]
+        sampling = SamplingConfig(max_new_tokens=sizes.new_tokens, ignore_eos=True)
+        engine.generate(prompts[:1], SamplingConfig(max_new_tokens=2, ignore_eos=True))  # warm-up
+        start = time.perf_counter()
+        for _ in range(sizes.turns):
+            outs = engine.generate(prompts, sampling)
+            prompts = [
+                p + list(o.token_ids) + [rng.randrange(100, vocab) for _ in range(16)]
+                for p, o in zip(prompts, outs, strict=True)
+            ]
+        return time.perf_counter() - start
+    finally:
+        engine.close()
+
+
+def _rollout_in_subprocess(model_dir: Path, dtype: str, quick: bool) -> float:
+    """:func:`rollout_seconds` in a fresh process: one vLLM engine per process, none left in this one."""
+    code = (
+        "import sys\n"
+        "from ctxrl.commands.bench_precision import FULL, QUICK, rollout_seconds\n"
+        "print('SECONDS', rollout_seconds(sys.argv[1], sys.argv[2], QUICK if sys.argv[3] == '1' else FULL))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(model_dir), dtype, "1" if quick else "0"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("SECONDS ")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+        raise RuntimeError(f"the {dtype} rollout failed (exit {done.returncode}): " + " | ".join(tail))
+    return float(lines[-1].split()[1])
+
+
+def bench_precision(args: argparse.Namespace) -> dict[str, float]:
+    """``ctxrl bench precision``: the figures of the module docstring."""
+    import torch
+
+    from ctxrl.train.models import get_model
+    from ctxrl.train.tiny_model import build_tiny_model
+
+    quick = bool(getattr(args, "quick", False))
+    sizes = QUICK if quick else FULL
+    with tempfile.TemporaryDirectory(prefix="ctxrl-bench-precision-") as name:
+        tmp = Path(name)
+        model_dir = (
+            build_tiny_model(tmp / "model", seed=0) if sizes.model == "tiny" else get_model(sizes.model)
+        )
+        width = int(json.loads((Path(model_dir) / "config.json").read_text())["hidden_size"])
+        tokens = sizes.prefix_tokens + sizes.suffix_tokens
+        fp32 = _matmul(tokens, width, torch.float32)
+        bf16 = _matmul(tokens, width, torch.bfloat16)
+        figures = {
+            "bf16_matmul_speedup": bf16 / fp32,
+            "matmul_fp32_gflops": fp32 / 1e9,
+            "matmul_bf16_gflops": bf16 / 1e9,
+        }
+        figures.update(_update(Path(model_dir), sizes))
+        rollout = {dtype: _rollout_in_subprocess(Path(model_dir), dtype, quick) for dtype in DTYPES}
+        figures["bf16_rollout_speedup"] = rollout["float32"] / rollout["bfloat16"]
+        figures["rollout_fp32_s"] = rollout["float32"]
+        figures["rollout_bf16_s"] = rollout["bfloat16"]
+    return figures
