@@ -98,7 +98,8 @@ class TrainConfig:
     lora: LoraSettings = field(default_factory=LoraSettings)
     """LoRA adapter settings."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Dtype the trainer loads the model in (fp32 is faster on CPU)."""
+    """Dtype the trainer loads the model in. bfloat16 ran the update 1.29× faster on this project's EPYC (AVX-512
+    BF16) and moved the loss tokens' logprobs by ~0.06 nats (``ctxrl bench precision``); float32 is exact."""
 
     seed: int = 0
     """Seeds Python, NumPy and torch (each rank adds its rank)."""
