@@ -130,6 +130,9 @@ def rollout_seconds(model_dir: str, dtype: str, sizes: PrecisionSizes) -> float:
 
     engine = make_engine(EngineConfig(name="vllm", dtype=dtype, max_model_len=4096), Path(model_dir))  # type: ignore[arg-type]
     try:
+        running = str(engine.llm.llm_engine.model_config.dtype).removeprefix("torch.")  # type: ignore[attr-defined]
+        if running != dtype:
+            raise RuntimeError(f"engine.dtype={dtype} started a {running} engine")
         vocab = int(engine.vocab_size)  # type: ignore[attr-defined]
         rng = random.Random(0)
         prefix = [rng.randrange(100, vocab) for _ in range(sizes.prefix_tokens)]
