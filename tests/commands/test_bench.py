@@ -279,7 +279,8 @@ def test_bench_all_only_names_benches_and_records_the_command(
 ) -> None:
     assert main(["bench", "all", "--only", "train,nope"]) == 1
     assert (
-        "--only takes bench names from harness, env, rollout, train, smollm2, fuzz" in capsys.readouterr().err
+        "--only takes bench names from harness, env, rollout, train, smollm2, precision, fuzz"
+        in capsys.readouterr().err
     )
     assert main(["bench", "all", "--only", "fuzz", "--fuzz-workers", "0"]) == 1
     assert "--fuzz-workers >= 1" in capsys.readouterr().err

@@ -107,6 +107,7 @@ SAME_NAME_OTHER_SETTING = {
     "max_steps": "harness: task steps; rollout: None keeps the harness's; SFT: optimiser steps (0: epochs)",
     "modes": "eval's list of modes vs the harness's per-mode settings",
     "alpha": "the evolve gate's significance level vs the LoRA scaling",
+    "dtype": "the trainer's weights vs the engine's (None: fp32 on a CPU, the checkpoint's own on CUDA for vllm)",
 }
 
 
