@@ -153,3 +153,26 @@ def test_packing_check_holds_in_each_dtype_and_catches_a_model_that_ignores_posi
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=dtype).eval()
     assert packing_supported(model)
     assert not packing_supported(_IgnoresPacking(model))
+
+
+@pytest.mark.slow
+def test_packing_check_accepts_smollm2_in_bf16_where_an_fp32_tolerance_would_refuse_it() -> None:
+    """In bf16 a real model's packed rows differ from the rows alone by far more than 1e-5 (the batch shape alone
+    moves them), yet far less than rows that attend to each other: the 16-bit criterion keeps packing on."""
+    from transformers import AutoModelForCausalLM
+
+    from ctxrl.train.models import get_model
+
+    model = AutoModelForCausalLM.from_pretrained(
+        get_model("smollm2-135m-instruct"), dtype=torch.bfloat16
+    ).eval()
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randint(0, 49152, (1, 7), generator=gen), torch.randint(0, 49152, (1, 5), generator=gen)
+    with torch.no_grad():
+        lp_a, _ = token_logprobs(model, a, torch.arange(7)[None])
+        lp_b, _ = token_logprobs(model, b, torch.arange(5)[None])
+        packed = torch.cat([torch.arange(7), torch.arange(5)])[None]
+        lp_ab, _ = token_logprobs(model, torch.cat([a, b], dim=1), packed)
+    assert not torch.allclose(lp_ab, torch.cat([lp_a, lp_b], dim=1), atol=1e-5)
+    assert packing_supported(model)
+    assert not packing_supported(_IgnoresPacking(model))

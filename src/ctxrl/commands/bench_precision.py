@@ -4,7 +4,7 @@ Every figure is a ratio of two runs of the same work side by side in one bench r
 wall time (above 1: bfloat16 is faster), or the size of the difference bfloat16 makes:
 
 - ``bf16_matmul_speedup``: a ``T × width`` by ``width × 4·width`` product (the shape of the model's MLP at
-  ``T`` tokens), best of three; ``matmul_fp32_gflops`` / ``matmul_bf16_gflops`` the rates.
+  ``T`` tokens), best of three (:func:`ctxrl.commands.bench_train.matmul_flops_per_s`); ``matmul_fp32_gflops`` / ``matmul_bf16_gflops`` the rates.
 - ``bf16_update_speedup``: the trainer's own backward pass (:func:`ctxrl.train.update.nll_backward` on the
   shared-prefix layout) over one group of rows, the model with a LoRA adapter loaded in each dtype
   (``train.dtype``), median of three.
@@ -65,21 +65,6 @@ def _rows(sizes: PrecisionSizes, vocab: int) -> list[Any]:
         mask = [0] * (n - sizes.loss_tokens) + [1] * sizes.loss_tokens
         rows.append(Row(ids, mask, [0.0] * n, [0.0] * n, [0] * n, [(n - sizes.loss_tokens, n)], i, 0, (0,)))
     return rows
-
-
-def _matmul(tokens: int, width: int, dtype: Any, repeats: int = 3) -> float:
-    """FLOP/s of a ``tokens × width`` by ``width × 4·width`` product in ``dtype`` (best of ``repeats``)."""
-    import torch
-
-    a = torch.randn(tokens, width).to(dtype)
-    b = torch.randn(width, 4 * width).to(dtype)
-    a @ b  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return 2.0 * tokens * width * 4 * width / best
 
 
 def _update(model_dir: Path, sizes: PrecisionSizes) -> dict[str, float]:
@@ -179,6 +164,7 @@ def bench_precision(args: argparse.Namespace) -> dict[str, float]:
     """``ctxrl bench precision``: the figures of the module docstring."""
     import torch
 
+    from ctxrl.commands.bench_train import matmul_flops_per_s
     from ctxrl.train.models import get_model
     from ctxrl.train.tiny_model import build_tiny_model
 
@@ -191,8 +177,8 @@ def bench_precision(args: argparse.Namespace) -> dict[str, float]:
         )
         width = int(json.loads((Path(model_dir) / "config.json").read_text())["hidden_size"])
         tokens = sizes.prefix_tokens + sizes.suffix_tokens
-        fp32 = _matmul(tokens, width, torch.float32)
-        bf16 = _matmul(tokens, width, torch.bfloat16)
+        fp32 = matmul_flops_per_s(4 * width, shape=(tokens, width), dtype=torch.float32)
+        bf16 = matmul_flops_per_s(4 * width, shape=(tokens, width), dtype=torch.bfloat16)
         figures = {
             "bf16_matmul_speedup": bf16 / fp32,
             "matmul_fp32_gflops": fp32 / 1e9,

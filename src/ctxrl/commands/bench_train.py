@@ -53,7 +53,8 @@ sync), the update against the one it replaced (packed lines with full logits), F
 efficiencies against this machine's measured matmul rate and copy bandwidth; then ``sft_speedup``, the SFT
 path against TRL's ``SFTTrainer`` on the same demonstrations, one sequence a step, and
 ``sft_speedup_episode_steps``, the same at the ladder's 16k tokens a step with the SFT path's steps holding
-whole episodes (:func:`_smollm2_step`, :func:`_sft_speedup`, :data:`SFT_SETUPS` say what each figure is). One timed repeat: a repeat of the update alone is about 15 minutes here.
+whole episodes (:func:`_smollm2_step`, :func:`_sft_speedup`, :data:`SFT_SETUPS` say what each figure is).
+One timed repeat: a repeat of the update alone is about 15 minutes here.
 
 ``--quick`` is a smoke run of the same code on small sizes (``train``: 4-step episodes, short prompts, two
 repeats; ``smollm2``: the tiny model with the scripted file manager as its engine); its ratios say the path
@@ -615,19 +616,24 @@ SMOL_QUICK = StepSizes("tiny", "scripted", 2, "short", 64, 4096, 256, 1, max_ste
 """Smoke run of the same code: the tiny model, the scripted file manager as the engine."""
 
 
-def matmul_flops_per_s(n: int, repeats: int = 3) -> float:
-    """This machine's fp32 matrix-multiply rate at torch's current thread count: the best of ``repeats``
-    ``n × n`` products (``2n³`` FLOPs each)."""
+def matmul_flops_per_s(
+    n: int, repeats: int = 3, *, shape: tuple[int, int] | None = None, dtype: Any = None
+) -> float:
+    """This machine's matrix-multiply rate at torch's current thread count: the best of ``repeats``
+    ``n × n`` products (``2n³`` FLOPs each) in fp32; with ``shape`` = ``(m, k)`` an ``m × k`` by ``k × n``
+    product instead, and with ``dtype`` in that dtype."""
     import torch
 
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    m, k = shape if shape is not None else (n, n)
+    dtype = dtype if dtype is not None else torch.float32
+    a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
     torch.mm(a, b)  # warm-up
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
         torch.mm(a, b)
         best = min(best, time.perf_counter() - start)
-    return 2.0 * n**3 / best
+    return 2.0 * m * k * n / best
 
 
 def memory_bytes_per_s(megabytes: int = 256, repeats: int = 3) -> float:

@@ -404,7 +404,7 @@ class UpdateResult:
 
 def packs_lines(config: TrainConfig, model: Any) -> bool:
     """Whether the update may pack rows into one line: asked for (``packed``), or allowed (``auto`` /
-    ``shared``) and the model honours position-id packing (checked with three small forward passes)."""
+    ``shared``) and the model honours position-id packing (:func:`ctxrl.train.logprobs.packing_supported`)."""
     return config.packing == "packed" or (config.packing in ("auto", "shared") and packing_supported(model))
 
 
