@@ -17,6 +17,9 @@
 #   grpo, grpo_w0           both arms resumed to STEPS (20)
 #   eval_grpo, eval_w0      both arms on the HELDOUT dev tasks
 #   compare     `ctxrl compare` of start, GRPO and the w_eff = 0 arm: KEEP/summary.json
+#   grpo_act_mid, eval_act_mid, grpo_act, eval_act, compare_act   a third arm, the same as the default one but
+#               with the efficiency advantage on every action token (advantages.efficiency_tokens=actions, an
+#               ablation of where the channel acts): KEEP/summary_actions.json against the start and w_eff = 0
 # Sizes: HELDOUT, MID, STEPS (environment). KEY=VALUE arguments go to both GRPO arms (e.g. train.lr=1e-4).
 #
 # Across sessions. OUT holds the working files (demonstrations, merged models, full checkpoints); KEEP (default
@@ -164,4 +167,9 @@ stage grpo_w0 arm grpo_w0 "$STEPS" advantages.w_eff=0 "$@"
 stage eval_grpo evaluate_run eval_grpo grpo "$STEPS" "$HELDOUT"
 stage eval_w0 evaluate_run eval_w0 grpo_w0 "$STEPS" "$HELDOUT"
 stage compare "$CTXRL" compare "$KEEP/eval_$([ "$START" = sft ] && echo sft || echo ei)" "$KEEP/eval_grpo" "$KEEP/eval_w0" --out "$KEEP/summary.json"
+stage grpo_act_mid arm grpo_act "$MID" advantages.efficiency_tokens=actions "$@"
+stage eval_act_mid evaluate_run eval_act_mid grpo_act "$MID" 32
+stage grpo_act arm grpo_act "$STEPS" advantages.efficiency_tokens=actions "$@"
+stage eval_act evaluate_run eval_act grpo_act "$STEPS" "$HELDOUT"
+stage compare_act "$CTXRL" compare "$KEEP/eval_$([ "$START" = sft ] && echo sft || echo ei)" "$KEEP/eval_act" "$KEEP/eval_w0" --out "$KEEP/summary_actions.json"
 echo "== done: $KEEP/summary.json; stage times (s) in $KEEP/times.tsv"

@@ -11,6 +11,11 @@ Per token of episode ``i`` in a group: ``A[i,t] = r_i + w_eff · a_eff_i · m_i[
 
 Success stays primary: cost only re-ranks successful attempts, and only on edit tokens. Neither ``r_i`` nor
 ``a_eff_i`` depends on how many edits an episode made or how much they removed.
+
+``efficiency_tokens: actions`` is an ablation, not the reference design: it sets ``m_i[t] = 1`` on every
+action token, so the same success-gated efficiency advantage also falls on the steps that are not edits (reads,
+searches). The learning benchmark uses it to test whether the channel fails only because the cost a policy adds
+by reading more is invisible on its edit tokens (docs/results/learning/).
 """
 
 from __future__ import annotations
@@ -50,6 +55,8 @@ class AdvantageConfig:
     zero (keeps an all-success group whose costs differ, since its efficiency channel still teaches)."""
     efficiency: Literal["relative", "rank"] = "relative"
     """Efficiency channel: cost relative to the successful mean, or cost rank among the successful."""
+    efficiency_tokens: Literal["edits", "actions"] = "edits"
+    """Where the efficiency advantage goes: the edit tokens (the reference design) or every action token."""
     eps: float = 1e-6
     """Added to the std before dividing."""
 
@@ -62,6 +69,10 @@ class AdvantageConfig:
             )
         if self.efficiency not in ("relative", "rank"):
             raise ConfigError(f"efficiency must be 'relative' or 'rank', got {self.efficiency!r}")
+        if self.efficiency_tokens not in ("edits", "actions"):
+            raise ConfigError(
+                f"efficiency_tokens must be 'edits' or 'actions', got {self.efficiency_tokens!r}"
+            )
 
 
 def task_advantages(rewards: ArrayLike, *, scale_by_std: bool = True, eps: float = 1e-6) -> FloatArray:
@@ -171,14 +182,21 @@ def group_advantages(
 
     ``rewards``: task reward per episode; ``costs``: episode cost in any unit (see
     :func:`ctxrl.rewards.cost.episode_cost`); ``success``/``clean``: see :func:`efficiency_advantages`;
-    ``masks``: edit mask over each episode's action tokens.
+    ``masks``: edit mask over each episode's action tokens (all ones under ``efficiency_tokens: actions``).
 
     >>> g = group_advantages([1, 1, 0, 0], [100, 300, 50, 80], [True, True, False, False],
     ...                      [[1, 0], [1, 0], [1, 0], [0, 0]])
     >>> g.efficiency.tolist(), [round(float(a[0]), 4) for a in g.tokens]
     ([0.5, -0.5, 0.0, 0.0], [1.125, 0.875, -1.0, -1.0])
+    >>> g = group_advantages([1, 1, 0, 0], [100, 300, 50, 80], [True, True, False, False],
+    ...                      [[1, 0], [1, 0], [1, 0], [0, 0]],
+    ...                      config=AdvantageConfig(efficiency_tokens="actions"))
+    >>> [a.round(4).tolist() for a in g.tokens]
+    [[1.125, 1.125], [0.875, 0.875], [-1.0, -1.0], [-1.0, -1.0]]
     """
     cfg = config or AdvantageConfig()
+    if cfg.efficiency_tokens == "actions":
+        masks = [np.ones(len(m)) for m in masks]
     task = task_advantages(rewards, scale_by_std=cfg.scale_by_std, eps=cfg.eps)
     eff = efficiency_advantages(costs, success, clean, method=cfg.efficiency)
     tokens = token_advantages(task, eff, masks, w_eff=cfg.w_eff)
