@@ -76,9 +76,32 @@ def test_per_token_and_drop_options() -> None:
     assert results[0].tokens[0].tolist() == [0.25 * 0.5]
 
 
+def test_efficiency_on_every_action_token_is_the_same_gated_advantage_without_the_mask() -> None:
+    rewards, costs, success = [1, 1, 1, 0], [100, 300, 200, 50], [True, True, True, False]
+    masks = [[1, 0, 0], [0, 0, 1], [0, 0, 0], [1, 1, 0]]
+    edits = group_advantages(rewards, costs, success, masks)
+    actions = group_advantages(
+        rewards, costs, success, masks, config=AdvantageConfig(efficiency_tokens="actions")
+    )
+    # The episode-level channels are the same; successful costs 100, 300, 200 around their mean 200.
+    assert actions.task.tolist() == edits.task.tolist()
+    assert actions.efficiency.tolist() == edits.efficiency.tolist() == [0.5, -0.5, 0.0, 0.0]
+    # Every token of an episode now carries task + w_eff * efficiency, whatever its edit mask says ...
+    win, lose = 0.25 / 0.4330127, -0.75 / 0.4330127
+    expected = [[win + 0.125] * 3, [win - 0.125] * 3, [win] * 3, [lose] * 3]
+    for got, want in zip(actions.tokens, expected):
+        assert got == pytest.approx(want, abs=1e-5)
+    # ... where under the reference design only the edit tokens did: the cheaper success's reads gained nothing.
+    assert edits.tokens[0].tolist()[1:] == pytest.approx([win, win], abs=1e-5)
+    # Failures still get no efficiency advantage, so the success gate holds.
+    assert actions.tokens[3].tolist() == edits.tokens[3].tolist() == pytest.approx([lose] * 3, abs=1e-5)
+
+
 def test_config_is_checked() -> None:
     with pytest.raises(ConfigError):
         AdvantageConfig(w_eff=-1)
+    with pytest.raises(ConfigError, match="efficiency_tokens"):
+        AdvantageConfig(efficiency_tokens="all")  # type: ignore[arg-type]
     with pytest.raises(ConfigError):
         AdvantageConfig(drop_zero_variance="all")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
