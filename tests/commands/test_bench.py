@@ -279,7 +279,7 @@ def test_bench_all_only_names_benches_and_records_the_command(
 ) -> None:
     assert main(["bench", "all", "--only", "train,nope"]) == 1
     assert (
-        "--only takes bench names from harness, env, rollout, train, smollm2, precision, fuzz"
+        "--only takes bench names from harness, env, rollout, train, smollm2, precision, engine, fuzz"
         in capsys.readouterr().err
     )
     assert main(["bench", "all", "--only", "fuzz", "--fuzz-workers", "0"]) == 1
@@ -491,6 +491,27 @@ def test_bench_precision_quick(tmp_path: Path) -> None:
         assert figures[f"bf16_{part}_speedup"] == pytest.approx(fp32 / bf16)
     # bfloat16 keeps ~3 significant digits: the logprobs move, by far less than a nat
     assert 0 < figures["bf16_logprob_abs_diff_mean"] <= figures["bf16_logprob_abs_diff_max"] < 1.0
+
+
+def test_bench_engine_quick(tmp_path: Path) -> None:
+    from ctxrl.commands.bench_engine import QUICK_SETTINGS
+
+    out = tmp_path / "engine.json"
+    assert main(["bench", "engine", "--quick", "--json", str(out)]) == 0
+    figures = _figures(out)
+    expected = {"matmul_gflops"}
+    for name in QUICK_SETTINGS:
+        expected |= {f"engine_{name}_s", f"engine_{name}_flops_efficiency"}
+        if name != "default":
+            expected.add(f"engine_{name}_speedup")
+            assert figures[f"engine_{name}_speedup"] == pytest.approx(
+                figures["engine_default_s"] / figures[f"engine_{name}_s"]
+            )
+    assert set(figures) == expected
+    # every setting did the same work: FLOPs per second per unit of matmul rate scale with 1 / seconds
+    work = {n: figures[f"engine_{n}_flops_efficiency"] * figures[f"engine_{n}_s"] for n in QUICK_SETTINGS}
+    assert max(work.values()) == pytest.approx(min(work.values()), rel=1e-6)
+    assert all(v > 0 for v in work.values())
 
 
 def test_bench_smollm2_quick(tmp_path: Path) -> None:

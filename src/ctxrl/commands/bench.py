@@ -4,7 +4,7 @@ a table and writes it with ``--json``. ``--quick`` is a smoke run (fewer repeats
     ctxrl bench harness [--quick] [--json FILE]
     ctxrl bench env [--quick] [--json FILE]
     ctxrl bench rollout [--quick] [--json FILE]
-    ctxrl bench train|smollm2|precision|fuzz [--quick] [--json FILE]
+    ctxrl bench train|smollm2|precision|engine|fuzz [--quick] [--json FILE]
     ctxrl bench all [--quick] [--only NAMES] [--fuzz-seconds N] [--fuzz-workers N] [--json FILE]
                     [--markdown FILE] [--readme README.md]
     ctxrl bench all --from FILE [FILE ...] --readme README.md   # regenerate the README's table from JSON
@@ -94,6 +94,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ctxrl.commands.bench_engine import bench_engine
 from ctxrl.commands.bench_precision import bench_precision
 from ctxrl.commands.bench_train import bench_smollm2, bench_train
 from ctxrl.env.config import HarnessConfig
@@ -440,6 +441,7 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], dict[str, float]]] = {
     "train": bench_train,
     "smollm2": bench_smollm2,
     "precision": bench_precision,
+    "engine": bench_engine,
     "fuzz": bench_fuzz,
 }
 

@@ -106,19 +106,39 @@ def _update(model_dir: Path, sizes: PrecisionSizes) -> dict[str, float]:
     return figures
 
 
-def rollout_seconds(model_dir: str, dtype: str, sizes: PrecisionSizes) -> float:
-    """Wall seconds of the in-process ``vllm`` engine in ``dtype`` generating ``sizes.turns`` turns for
-    ``sizes.rows`` prompts that share a prefix (each turn appends the completion and a short observation)."""
+def rollout_work(
+    model_dir: str, sizes: PrecisionSizes, dtype: str | None = None, llm_kwargs: dict[str, Any] | None = None
+) -> dict[str, float]:
+    """Wall ``seconds`` and model ``flops`` of the in-process ``vllm`` engine generating ``sizes.turns`` turns
+    for ``sizes.rows`` prompts that share a prefix (each turn appends the completion and a short observation).
+
+    The engine is built as a run builds it (``engine.dtype``); ``llm_kwargs`` are further ``vllm.LLM``
+    settings (``ctxrl bench engine``). FLOPs count every call's prefilled (not cached) and generated tokens
+    through the body and attention, plus the LM head at each generated token."""
     import random
 
+    from ctxrl.rewards.cost import ModelGeometry, StepTokens, step_flops
     from ctxrl.train.engines import EngineConfig, SamplingConfig, make_engine
+    from ctxrl.train.engines.vllm_engine import VLLMEngine
 
-    engine = make_engine(EngineConfig(name="vllm", dtype=dtype, max_model_len=4096), Path(model_dir))  # type: ignore[arg-type]
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    geometry = ModelGeometry.from_config(config)
+    head = int(config["vocab_size"]) * int(config["hidden_size"])
+    engine: Any
+    if llm_kwargs:
+        engine = VLLMEngine.load(Path(model_dir), max_model_len=4096, dtype=dtype, **llm_kwargs)
+    else:
+        engine = make_engine(EngineConfig(name="vllm", dtype=dtype, max_model_len=4096), Path(model_dir))  # type: ignore[arg-type]
     try:
-        running = str(engine.llm.llm_engine.model_config.dtype).removeprefix("torch.")  # type: ignore[attr-defined]
-        if running != dtype:
+        running = str(engine.llm.llm_engine.model_config.dtype).removeprefix("torch.")
+        if dtype is not None and running != dtype:
             raise RuntimeError(f"engine.dtype={dtype} started a {running} engine")
-        vocab = int(engine.vocab_size)  # type: ignore[attr-defined]
+        parts = vars(engine.llm.llm_engine.vllm_config).values()
+        for key, want in (llm_kwargs or {}).items():
+            found = [getattr(part, key) for part in parts if hasattr(part, key)]
+            if not found or any(value != want for value in found):
+                raise RuntimeError(f"vllm.LLM({key}={want!r}) started an engine with {key} = {found}")
+        vocab = int(engine.vocab_size)
         rng = random.Random(0)
         prefix = [rng.randrange(100, vocab) for _ in range(sizes.prefix_tokens)]
         prompts = [
@@ -127,37 +147,65 @@ def rollout_seconds(model_dir: str, dtype: str, sizes: PrecisionSizes) -> float:
         ]
         sampling = SamplingConfig(max_new_tokens=sizes.new_tokens, ignore_eos=True)
         engine.generate(prompts[:1], SamplingConfig(max_new_tokens=2, ignore_eos=True))  # warm-up
+        flops = 0.0
         start = time.perf_counter()
         for _ in range(sizes.turns):
             outs = engine.generate(prompts, sampling)
+            for p, o in zip(prompts, outs, strict=True):
+                tokens = StepTokens(len(p), o.num_cached_tokens, len(o.token_ids))
+                flops += step_flops(tokens, geometry) + 2.0 * head * len(o.token_ids)
             prompts = [
                 p + list(o.token_ids) + [rng.randrange(100, vocab) for _ in range(16)]
                 for p, o in zip(prompts, outs, strict=True)
             ]
-        return time.perf_counter() - start
+        return {"seconds": time.perf_counter() - start, "flops": flops}
     finally:
         engine.close()
 
 
-def _rollout_in_subprocess(model_dir: Path, dtype: str, quick: bool) -> float:
-    """:func:`rollout_seconds` in a fresh process: one vLLM engine per process, none left in this one."""
+def rollout_in_subprocess(
+    model_dir: Path,
+    quick: bool,
+    *,
+    dtype: str | None = None,
+    llm_kwargs: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+    what: str = "rollout",
+) -> dict[str, float]:
+    """:func:`rollout_work` in a fresh process (one vLLM engine per process, none left in this one), with
+    ``env`` added to this process's environment."""
+    import os
+
     code = (
-        "import sys\n"
-        "from ctxrl.commands.bench_precision import FULL, QUICK, rollout_seconds\n"
-        "print('SECONDS', rollout_seconds(sys.argv[1], sys.argv[2], QUICK if sys.argv[3] == '1' else FULL))\n"
+        "import json, sys\n"
+        "from ctxrl.commands.bench_precision import FULL, QUICK, rollout_work\n"
+        "a = json.loads(sys.argv[1])\n"
+        "import os\n"
+        "assert all(os.environ.get(k) == v for k, v in a['env'].items()), 'the environment did not arrive'\n"
+        "r = rollout_work(a['model'], QUICK if a['quick'] else FULL, a['dtype'], a['llm_kwargs'])\n"
+        "print('RESULT', json.dumps(r))\n"
     )
+    spec = {
+        "model": str(model_dir),
+        "quick": quick,
+        "dtype": dtype,
+        "llm_kwargs": llm_kwargs or {},
+        "env": env or {},
+    }
     done = subprocess.run(
-        [sys.executable, "-c", code, str(model_dir), dtype, "1" if quick else "0"],
+        [sys.executable, "-c", code, json.dumps(spec)],
         capture_output=True,
         text=True,
         timeout=1800,
         check=False,
+        env={**os.environ, **(env or {})},
     )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("SECONDS ")]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
         tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
-        raise RuntimeError(f"the {dtype} rollout failed (exit {done.returncode}): " + " | ".join(tail))
-    return float(lines[-1].split()[1])
+        raise RuntimeError(f"the {what} failed (exit {done.returncode}): " + " | ".join(tail))
+    result: dict[str, float] = json.loads(lines[-1].removeprefix("RESULT "))
+    return result
 
 
 def bench_precision(args: argparse.Namespace) -> dict[str, float]:
@@ -185,7 +233,12 @@ def bench_precision(args: argparse.Namespace) -> dict[str, float]:
             "matmul_bf16_gflops": bf16 / 1e9,
         }
         figures.update(_update(Path(model_dir), sizes))
-        rollout = {dtype: _rollout_in_subprocess(Path(model_dir), dtype, quick) for dtype in DTYPES}
+        rollout = {
+            dtype: rollout_in_subprocess(Path(model_dir), quick, dtype=dtype, what=f"{dtype} rollout")[
+                "seconds"
+            ]
+            for dtype in DTYPES
+        }
         figures["bf16_rollout_speedup"] = rollout["float32"] / rollout["bfloat16"]
         figures["rollout_fp32_s"] = rollout["float32"]
         figures["rollout_bf16_s"] = rollout["bfloat16"]
