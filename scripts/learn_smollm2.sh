@@ -20,6 +20,9 @@
 #   grpo_act_mid, eval_act_mid, grpo_act, eval_act, compare_act   a third arm, the same as the default one but
 #               with the efficiency advantage on every action token (advantages.efficiency_tokens=actions, an
 #               ablation of where the channel acts): KEEP/summary_actions.json against the start and w_eff = 0
+#   test_start, test_grpo, test_w0, test_act, compare_test, compare_test_act   the final table: the start and
+#               the three arms' last checkpoints on HELDOUT tasks of the untouched test split
+#               (KEEP/summary_test.json, KEEP/summary_test_actions.json)
 # Sizes: HELDOUT, MID, STEPS (environment). KEY=VALUE arguments go to both GRPO arms (e.g. train.lr=1e-4).
 #
 # Across sessions. OUT holds the working files (demonstrations, merged models, full checkpoints); KEEP (default
@@ -119,9 +122,11 @@ ei() {
   keep sft_ei "$OUT/sft_ei/adapter" "$OUT/sft_ei/summary.json" "$OUT/sft_ei/metrics.jsonl"
   cp "$OUT/self/summary.json" "$KEEP/sft_ei/self_summary.json" 2>/dev/null || true
 }
-evaluate() {  # evaluate NAME MODEL EPISODES: eval MODEL on the first EPISODES dev tasks into KEEP/NAME
-  "$CTXRL" eval "${EVAL[@]}" eval.episodes="$3" --model "$2" --out "$OUT/$1" --overwrite
-  keep "$1" "$OUT/$1/eval.json" "$OUT/$1/eval.md"
+evaluate() {  # evaluate NAME MODEL EPISODES [KEY=VALUE...]: eval MODEL on the first EPISODES dev tasks into KEEP/NAME
+  local name="$1" model="$2" episodes="$3"
+  shift 3
+  "$CTXRL" eval "${EVAL[@]}" eval.episodes="$episodes" "$@" --model "$model" --out "$OUT/$name" --overwrite
+  keep "$name" "$OUT/$name/eval.json" "$OUT/$name/eval.md"
 }
 stage ei ei
 merged sft_ei "$OUT/sft/model"
@@ -151,11 +156,13 @@ arm() {  # arm NAME STEPS EXTRA...: GRPO into OUT/NAME (resumed when it has begu
     "${resume[@]}" "${AT[@]}" train.steps="$steps" "$@"
   "$PY" -m ctxrl.train.keep "$OUT/$name" "$KEEP/$name"
 }
-evaluate_run() {  # evaluate_run NAME RUN STEP EPISODES: export the RUN's checkpoint STEP and evaluate it
-  restored "$2"
-  rm -rf "$OUT/$1.model"  # beside the eval's folder, which its --overwrite empties
-  "$CTXRL" export --run "$OUT/$2" --step "$3" --out "$OUT/$1.model"
-  evaluate "$1" "$OUT/$1.model" "$4"
+evaluate_run() {  # evaluate_run NAME RUN STEP EPISODES [KEY=VALUE...]: export the RUN's checkpoint STEP, evaluate it
+  local name="$1" run="$2" step="$3" episodes="$4"
+  shift 4
+  restored "$run"
+  rm -rf "$OUT/$name.model"  # beside the eval's folder, which its --overwrite empties
+  "$CTXRL" export --run "$OUT/$run" --step "$step" --out "$OUT/$name.model"
+  evaluate "$name" "$OUT/$name.model" "$episodes" "$@"
 }
 merged "$START" "$([ "$START" = sft ] && echo "$BASE" || echo "$OUT/sft/model")"
 stage grpo_mid arm grpo "$MID" "$@"
@@ -172,4 +179,11 @@ stage eval_act_mid evaluate_run eval_act_mid grpo_act "$MID" 32
 stage grpo_act arm grpo_act "$STEPS" advantages.efficiency_tokens=actions "$@"
 stage eval_act evaluate_run eval_act grpo_act "$STEPS" "$HELDOUT"
 stage compare_act "$CTXRL" compare "$KEEP/eval_$([ "$START" = sft ] && echo sft || echo ei)" "$KEEP/eval_act" "$KEEP/eval_w0" --out "$KEEP/summary_actions.json"
+# The final table on the untouched test split: the start and every arm's last checkpoint, the same HELDOUT tasks.
+stage test_start evaluate test_start "$OUT/$START/model" "$HELDOUT" eval.split=test
+stage test_grpo evaluate_run test_grpo grpo "$STEPS" "$HELDOUT" eval.split=test
+stage test_w0 evaluate_run test_w0 grpo_w0 "$STEPS" "$HELDOUT" eval.split=test
+stage test_act evaluate_run test_act grpo_act "$STEPS" "$HELDOUT" eval.split=test
+stage compare_test "$CTXRL" compare "$KEEP/test_start" "$KEEP/test_grpo" "$KEEP/test_w0" --out "$KEEP/summary_test.json"
+stage compare_test_act "$CTXRL" compare "$KEEP/test_start" "$KEEP/test_act" "$KEEP/test_w0" --out "$KEEP/summary_test_actions.json"
 echo "== done: $KEEP/summary.json; stage times (s) in $KEEP/times.tsv"
