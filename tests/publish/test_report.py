@@ -561,5 +561,20 @@ def test_an_ablation_folder_shows_both_arms_and_the_held_out_comparison(
         "×0.80 [0.60, 1.10]." in page
     )
 
+    # a further summary beside it (a third arm compared with the same start and ablation) gets its own table,
+    # its rows named by the evaluations it compared
+    third = {
+        **summary,
+        "grpo_success": 0.4375,
+        "compared": {"sft": "eval_sft", "grpo": "eval_act", "grpo_w0": "eval_w0"},
+    }
+    (tmp_path / "summary_actions.json").write_text(json.dumps(third))
+    page, _ = render_report(read_run(tmp_path))
+    answer = page.split('<section id="answer">', 1)[1].split("</section>", 1)[0]
+    assert answer.count('id="comparison-table') == 2 and "<h3>summary_actions.json</h3>" in answer
+    extra = answer.split('id="comparison-table-2"', 1)[1]
+    assert '<td class="l">grpo (eval_act)</td><td>0.44 ± 0.06</td>' in extra
+    assert '<td class="l">grpo</td><td>0.62 ± 0.06</td>' in answer.split('id="comparison-table-2"', 1)[0]
+
     (tmp_path / "summary.json").write_text('{"heldout_tasks": 64}')
     assert "summary.json: not the summary of 'ctxrl compare'" in _error(capsys, ["report", str(tmp_path)])

@@ -93,4 +93,7 @@ def test_unpaired_or_malformed_input_is_refused(tmp_path: Path, capsys: pytest.C
     assert len(err) == 1 and "not the eval.json" in err[0]
     out = tmp_path / "summary.json"
     assert main(["compare", str(tmp_path / "s"), str(tmp_path / "s"), "--out", str(out)]) == 0
-    assert json.loads(out.read_text())["success_diff"] == 0.0
+    written = json.loads(out.read_text())
+    assert written["success_diff"] == 0.0
+    # the summary names the evaluation behind each of its keys, as given
+    assert written["compared"] == {"sft": str(tmp_path / "s"), "grpo": str(tmp_path / "s"), "grpo_w0": None}

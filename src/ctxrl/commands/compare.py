@@ -20,7 +20,11 @@ def run_compare(args: argparse.Namespace) -> int:
         check_writable_file(args.out)
     start, trained = load_outcomes(args.start), load_outcomes(args.trained)
     ablation = load_outcomes(args.ablation) if args.ablation is not None else None
-    text = json.dumps(compare(start, trained, ablation), indent=1) + "\n"
+    summary = compare(start, trained, ablation)
+    # which evaluation each key of the summary is, as given (a folder may hold several summaries)
+    given = {"sft": args.start, "grpo": args.trained, "grpo_w0": args.ablation}
+    summary["compared"] = {key: None if path is None else str(path) for key, path in given.items()}
+    text = json.dumps(summary, indent=1) + "\n"
     print(text, end="")
     if args.out is not None:
         write_text(args.out, text)

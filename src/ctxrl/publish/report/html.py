@@ -133,15 +133,18 @@ def answer_table(summary: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
     return "".join(out)
 
 
-def comparison_table(summary: Mapping[str, Any]) -> str:
+def comparison_table(summary: Mapping[str, Any], ident: str = "comparison-table") -> str:
     """``ctxrl compare``'s summary: each policy's held-out success ± SE and compute per success with its
-    bootstrap CI, then the paired difference of the trained arm against the start."""
+    bootstrap CI, then the paired difference of the trained arm against the start. The rows are named by
+    the summary's keys, with the evaluation each key stands for when the summary records it."""
     n = float(summary["heldout_tasks"])
     intervals = summary.get("cost_per_success_ci") or {}
+    given = summary.get("compared")
+    compared: Mapping[str, Any] = given if isinstance(given, dict) else {}
     out = [
         f"<p class=meta>Held out: {n:.0f} tasks at level {_e(summary.get('level', '?'))}, every policy on the "
         "same tasks (<code>ctxrl compare</code>).</p>"
-        '<table id="comparison-table"><thead><tr><th class="l">policy</th><th>success ± SE</th>'
+        f'<table id="{_e(ident)}"><thead><tr><th class="l">policy</th><th>success ± SE</th>'
         f"<th>{_e(summary.get('unit', 'GFLOP'))} / success [95 % CI]</th></tr></thead><tbody>"
     ]
     for key in ("sft", "grpo", "grpo_w0"):
@@ -151,8 +154,9 @@ def comparison_table(summary: Mapping[str, Any]) -> str:
         per, ci = summary.get(f"{key}_cost_per_success"), intervals.get(key)
         span = f" [{_fmt(ci[0], ',.0f')}, {_fmt(ci[1], ',.0f')}]" if isinstance(ci, list | tuple) else ""
         cells = [f"{success:.2f} ± {binomial_se(success, n):.2f}", f"{_fmt(per, ',.0f')}{span}"]
+        name = f"{key} ({compared[key]})" if isinstance(compared.get(key), str) else key
         out.append(
-            f'<tr><td class="l">{_e(key)}</td>' + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>"
+            f'<tr><td class="l">{_e(name)}</td>' + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>"
         )
     out.append("</tbody></table>")
     for label, prefix, ratio in (
@@ -253,6 +257,8 @@ def render_report(run: RunData, *, max_episodes: int = 6) -> tuple[str, list[Plo
     answer: list[str] = []
     if run.comparison is not None:
         answer.append(comparison_table(run.comparison))
+    for i, (name, more) in enumerate(run.more_comparisons.items()):
+        answer.append(f"<h3>{_e(name)}</h3>" + comparison_table(more, f"comparison-table-{i + 2}"))
     if run.arms:
         arms_plot = plot_arms(run.arms, run.comparison)
         plots.append(arms_plot)

@@ -26,6 +26,8 @@ EVOLVE_DBS = ("lineage.sqlite", EVOLVE_DB)
 CANDIDATE_COLUMNS = ("id", "parent", "round", "score", "cost", "decision")
 COMPARISON = "summary.json"
 """``ctxrl compare``'s summary of a start and trained arms on the same held-out tasks."""
+MORE_COMPARISONS = "summary_*.json"
+"""Further summaries of ``ctxrl compare`` beside it (another arm, another split)."""
 SUCCESS = "reward/success"
 
 EVICTION_TOOLS = frozenset({"evict_file_view", "archive_thread", "context_drop", "context_note"})
@@ -157,6 +159,9 @@ class RunData:
     ``reward/success``, by folder name, when there are two or more."""
     comparison: dict[str, Any] | None = None
     """``summary.json`` of ``ctxrl compare``: held-out success and compute per success of the start and arms."""
+    more_comparisons: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Further ``ctxrl compare`` summaries beside it (``summary_*.json``: another arm, another split), by file
+    name."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -355,6 +360,11 @@ def read_run(folder: str | Path) -> RunData:
     if comparison is not None:
         found = True
         run.comparison = comparison
+    for path in sorted(folder.glob(MORE_COMPARISONS)):
+        more = load_comparison(path)
+        if more is not None:
+            found = True
+            run.more_comparisons[path.name] = more
     if not found:
         wanted = ", ".join([TRAJECTORIES, METRICS, EVAL_FILES[0], *EVOLVE_DBS, COMPARISON])
         raise UsageError(f"{folder}: nothing to report; expected at least one of {wanted}")
