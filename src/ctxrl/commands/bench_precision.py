@@ -177,10 +177,9 @@ def rollout_in_subprocess(
     import os
 
     code = (
-        "import json, sys\n"
+        "import json, os, sys\n"
         "from ctxrl.commands.bench_precision import FULL, QUICK, rollout_work\n"
         "a = json.loads(sys.argv[1])\n"
-        "import os\n"
         "assert all(os.environ.get(k) == v for k, v in a['env'].items()), 'the environment did not arrive'\n"
         "r = rollout_work(a['model'], QUICK if a['quick'] else FULL, a['dtype'], a['llm_kwargs'])\n"
         "print('RESULT', json.dumps(r))\n"
