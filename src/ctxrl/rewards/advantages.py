@@ -196,7 +196,7 @@ def group_advantages(
     """
     cfg = config or AdvantageConfig()
     if cfg.efficiency_tokens == "actions":
-        masks = [np.ones(len(m)) for m in masks]
+        masks = [np.ones_like(np.asarray(m, dtype=np.float64)) for m in masks]
     task = task_advantages(rewards, scale_by_std=cfg.scale_by_std, eps=cfg.eps)
     eff = efficiency_advantages(costs, success, clean, method=cfg.efficiency)
     tokens = token_advantages(task, eff, masks, w_eff=cfg.w_eff)

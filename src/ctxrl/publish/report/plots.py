@@ -153,7 +153,8 @@ def plot_arms(arms: Mapping[str, Sequence[MetricRow]], comparison: dict[str, Any
     and, from ``ctxrl compare``'s summary, held-out success ± SE: the start at step 0, each arm at its last
     step (an arm's key there is ``<folder>_success``)."""
     fig = _figure(7.2, 3.4)
-    title = "Both arms: training success by step (band: ± SE) and held-out success (points: ± SE)"
+    which = "Both arms" if len(arms) == 2 else f"{len(arms)} arms"
+    title = f"{which}: training success by step (band: ± SE) and held-out success (points: ± SE)"
     ax = fig.add_subplot(1, 1, 1)
     last = 0
     for i, (name, rows) in enumerate(arms.items()):
