@@ -22,7 +22,14 @@ import pytest
 
 from ctxrl.cli import main
 from ctxrl.commands import preload
-from ctxrl.commands.bench import BENCHMARKS, README_BEGIN, README_END, markdown_table, replace_table
+from ctxrl.commands.bench import (
+    BENCHMARKS,
+    README_BEGIN,
+    README_END,
+    cpu_flags,
+    markdown_table,
+    replace_table,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -127,6 +134,8 @@ def test_bench_all_quick_runs_every_bench_into_one_json_table_and_readme(tmp_pat
     assert report["quick"] is True and list(report["benchmarks"]) == list(BENCHMARKS)
     machine = report["machine"]
     assert machine["cores"] == os.cpu_count() and machine["memory_gib"] > 0 and machine["cpu"]
+    cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8")
+    assert ("avx2" in machine["cpu_flags"]) == (" avx2" in cpuinfo)
     assert "torch" in machine["versions"] and "transformers" in machine["versions"]
     fuzz = report["benchmarks"]["fuzz"]
     assert fuzz["steps"] > 0 and (fuzz["crashes"], fuzz["stalls"], fuzz["invariant_breaks"]) == (0, 0, 0), (
@@ -178,6 +187,14 @@ def test_bench_all_quick_runs_every_bench_into_one_json_table_and_readme(tmp_pat
     assert again.read_text() == text
 
 
+def test_cpu_flags_reads_the_vector_extensions_of_the_first_flags_line() -> None:
+    cpuinfo = (
+        "processor : 0\nmodel name : AMD EPYC\nflags : fpu avx amx_bf16 avx2 avx512_bf16\nflags : avx512f\n"
+    )
+    assert cpu_flags(cpuinfo) == ["avx2", "avx512_bf16", "amx_bf16"]  # CPU_FLAGS' order; avx is not avx2
+    assert cpu_flags("model name : X\n") == []
+
+
 def test_markdown_table_and_readme_markers_by_hand() -> None:
     report = {
         "date": "2026-11-30 09:00 UTC",
@@ -205,6 +222,12 @@ def test_markdown_table_and_readme_markers_by_hand() -> None:
         "| harness | `a_ms` | 0.7312 |\n"
         "| rollout | `x` | 527.6 |\n"
         "| rollout | `y` | 1.234e+04 |"
+    )
+    # A report made since the machine's vector extensions are recorded names them beside the CPU.
+    flagged = {**report, "machine": {**report["machine"], "cpu_flags": ["avx2", "avx512f"]}}
+    assert "on Some CPU (avx2 avx512f), 2 cores" in markdown_table(flagged)
+    assert "on Some CPU (no AVX2), 2 cores" in markdown_table(
+        {**flagged, "machine": {**flagged["machine"], "cpu_flags": []}}
     )
     assert replace_table(f"a\n{README_BEGIN}\nold\n{README_END}\nb\n", "T") == (
         f"a\n{README_BEGIN}\nT\n{README_END}\nb\n"

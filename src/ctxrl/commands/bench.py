@@ -578,15 +578,38 @@ def bench_all(
     return report(True)
 
 
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16")
+"""The vector extensions that decide CPU matmul and bf16 speed. Machines named alike ("AMD EPYC", 2 cores)
+differ in them: the same rollout took 44 s in fp32 and 28 s in bf16 on one, 70 s and 155 s on another with
+AVX2 only (bf16 is then converted in software), so a report names the ones it ran with."""
+
+
+def cpu_flags(cpuinfo: str) -> list[str]:
+    """Which of :data:`CPU_FLAGS` the first ``flags`` line of ``/proc/cpuinfo`` text lists, in that order.
+
+    >>> cpu_flags("model name : X" + chr(10) + "flags : fpu sse avx2 avx512f")
+    ['avx2', 'avx512f']
+    """
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            present = set(line.partition(":")[2].split())
+            return [f for f in CPU_FLAGS if f in present]
+    return []
+
+
 def machine() -> dict[str, Any]:
-    """What the figures were measured on: CPU model, cores, memory, OS, Python and the engines' versions,
-    and the preload libraries found (:mod:`ctxrl.commands.preload`)."""
+    """What the figures were measured on: CPU model and vector extensions (:data:`CPU_FLAGS`), cores,
+    memory, OS, Python and the engines' versions, and the preload libraries found
+    (:mod:`ctxrl.commands.preload`)."""
     from ctxrl.commands.preload import find_libraries
 
     cpu = platform.processor() or platform.machine()
+    flags: list[str] = []
     memory_gib = None
     with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+        cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8")
+        flags = cpu_flags(cpuinfo)
+        for line in cpuinfo.splitlines():
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
@@ -601,6 +624,7 @@ def machine() -> dict[str, Any]:
             versions[dist] = importlib.metadata.version(dist)
     return {
         "cpu": cpu,
+        "cpu_flags": flags,
         "cores": os.cpu_count(),
         "memory_gib": memory_gib,
         "os": platform.platform(),
@@ -645,10 +669,11 @@ def measured_line(report: dict[str, Any]) -> str:
     before, after = report["load_average"]
     memory = f", {m['memory_gib']} GiB" if m.get("memory_gib") else ""
     preload = ", ".join(m["preload"]) or "nothing"
+    flags = f" ({' '.join(m['cpu_flags']) or 'no AVX2'})" if "cpu_flags" in m else ""
     command = report.get("command") or f"ctxrl bench all{' --quick' if report['quick'] else ''}"
     return (
         f"Measured {report['date']} by `{command}` "
-        f"({report['seconds']:.0f} s) on {m['cpu']}, {m['cores']} cores{memory}; {versions or 'no engines'}; "
+        f"({report['seconds']:.0f} s) on {m['cpu']}{flags}, {m['cores']} cores{memory}; {versions or 'no engines'}; "
         f"preload: {preload}; load average {before:.1f} before, {after:.1f} after."
         + (" `--quick` figures say the paths work, not how fast they are." if report["quick"] else "")
         + ("" if report.get("complete", True) else " Partial: the run ended before every bench had run.")
