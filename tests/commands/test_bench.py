@@ -192,7 +192,8 @@ def test_cpu_flags_reads_the_vector_extensions_of_the_first_flags_line() -> None
         "processor : 0\nmodel name : AMD EPYC\nflags : fpu avx amx_bf16 avx2 avx512_bf16\nflags : avx512f\n"
     )
     assert cpu_flags(cpuinfo) == ["avx2", "avx512_bf16", "amx_bf16"]  # CPU_FLAGS' order; avx is not avx2
-    assert cpu_flags("model name : X\n") == []
+    assert cpu_flags("processor : 0\nflags : fpu sse\n") == []  # x86 without AVX2
+    assert cpu_flags("model name : X\nFeatures : fp asimd\n") is None  # no flags line: nothing claimed
 
 
 def test_markdown_table_and_readme_markers_by_hand() -> None:

@@ -584,35 +584,42 @@ differ in them: the same rollout took 44 s in fp32 and 28 s in bf16 on one, 70 s
 AVX2 only (bf16 is then converted in software), so a report names the ones it ran with."""
 
 
-def cpu_flags(cpuinfo: str) -> list[str]:
-    """Which of :data:`CPU_FLAGS` the first ``flags`` line of ``/proc/cpuinfo`` text lists, in that order.
+def cpuinfo_field(cpuinfo: str, key: str) -> str | None:
+    """The value of the first ``key`` line of ``/proc/cpuinfo`` text, or None where it has none."""
+    for line in cpuinfo.splitlines():
+        name, sep, value = line.partition(":")
+        if sep and name.strip() == key:
+            return value.strip()
+    return None
+
+
+def cpu_flags(cpuinfo: str) -> list[str] | None:
+    """Which of :data:`CPU_FLAGS` the first ``flags`` line of ``/proc/cpuinfo`` text lists, in that order;
+    None where there is no ``flags`` line (not an x86 CPU), so that nothing is claimed.
 
     >>> cpu_flags("model name : X" + chr(10) + "flags : fpu sse avx2 avx512f")
     ['avx2', 'avx512f']
     """
-    for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            present = set(line.partition(":")[2].split())
-            return [f for f in CPU_FLAGS if f in present]
-    return []
+    flags = cpuinfo_field(cpuinfo, "flags")
+    if flags is None:
+        return None
+    present = set(flags.split())
+    return [f for f in CPU_FLAGS if f in present]
 
 
 def machine() -> dict[str, Any]:
-    """What the figures were measured on: CPU model and vector extensions (:data:`CPU_FLAGS`), cores,
-    memory, OS, Python and the engines' versions, and the preload libraries found
+    """What the figures were measured on: CPU model and vector extensions (:data:`CPU_FLAGS`, left out
+    where unknown), cores, memory, OS, Python and the engines' versions, and the preload libraries found
     (:mod:`ctxrl.commands.preload`)."""
     from ctxrl.commands.preload import find_libraries
 
     cpu = platform.processor() or platform.machine()
-    flags: list[str] = []
+    flags: list[str] | None = None
     memory_gib = None
     with contextlib.suppress(OSError):
         cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8")
         flags = cpu_flags(cpuinfo)
-        for line in cpuinfo.splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        cpu = cpuinfo_field(cpuinfo, "model name") or cpu
     with contextlib.suppress(OSError, ValueError, IndexError):
         for line in Path("/proc/meminfo").read_text(encoding="utf-8").splitlines():
             if line.startswith("MemTotal:"):
@@ -624,7 +631,7 @@ def machine() -> dict[str, Any]:
             versions[dist] = importlib.metadata.version(dist)
     return {
         "cpu": cpu,
-        "cpu_flags": flags,
+        **({} if flags is None else {"cpu_flags": flags}),
         "cores": os.cpu_count(),
         "memory_gib": memory_gib,
         "os": platform.platform(),
