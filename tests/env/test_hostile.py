@@ -205,8 +205,10 @@ def median_true():
     return sorted(times)[2]
 
 before = median_true()
-made = box.run("python3 -c \\"[open(f'f{i}', 'w').close() for i in range(100000)]\\" && ls | wc -l")
-print(json.dumps({"before": before, "output": made.output, "after": median_true()}))
+# Making the files is not what is timed: on a loaded machine it has taken over a minute, so it gets five.
+made = box.run("python3 -c \\"[open(f'f{i}', 'w').close() for i in range(100000)]\\" && ls | wc -l", timeout_s=300)
+print(json.dumps({"before": before, "output": made.output, "made": [made.exit_code, round(made.duration_s, 1)],
+                  "after": median_true()}))
 """
 
 
@@ -224,7 +226,7 @@ def test_host_work_per_command_does_not_grow_with_the_file_count(backend: str, t
     )
     assert done.returncode == 0, done.stderr[-2000:]
     probe = json.loads(done.stdout.strip().splitlines()[-1])
-    assert probe["output"] == "100000\n"
+    assert probe["output"] == "100000\n", probe
     # The host-side walk cost ~0.7 s per command at 150,000 files, ~0.45 s at this size.
     assert probe["after"] - probe["before"] < 0.15
 
