@@ -12,7 +12,7 @@ import torch
 
 from ctxrl.train.logprobs import token_logprobs
 from ctxrl.train.loss import LossConfig, policy_loss
-from ctxrl.train.rows import Row, build_layout, layout_kind, pack_rows
+from ctxrl.train.rows import LayoutUnit, Row, build_layout, layout_kind, pack_rows
 from ctxrl.train.update import backward_layout, layout_logprobs, layout_sizes, make_layout
 
 ATOL = 1e-5
@@ -163,6 +163,64 @@ def test_nested_prefixes_give_the_gradients_of_one_packed_line(model: Any) -> No
     with torch.no_grad():
         (lps,) = layout_logprobs(model, [root], torch.device("cpu"))
     assert len(lps) == len(root.all_batches()) == 3
+
+
+def rebuilt_rows(vocab: int, *, seed: int = 11, group: int = 0) -> list[Row]:
+    """One group shaped like a recorded SmolLM2 file-mode group: three episodes, each with a first row whose
+    first call (a loss span) follows the pinned prefix, and two rows of rebuilt prompts that keep that call,
+    its 20-token result and 30 more tokens (the second) before a call of their own."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(n: int) -> list[int]:
+        return torch.randint(3, vocab, (n,), generator=gen).tolist()
+
+    pinned = rand(40)
+    rows = []
+
+    def add(head: list[int], tail: list[int], e: int, k: int) -> None:
+        ids, n = head + tail, len(head) + len(tail)
+        mask = [0] * n
+        for t in range(len(head), n):
+            mask[t] = 1
+        spans = [(len(head), n)]
+        if k == 0:  # the first row's own first call is a loss span right after the pinned prefix
+            for t in range(40, 46):
+                mask[t] = 1
+            spans.insert(0, (40, 46))
+        adv = [10.0 * (e - 1) + 2.0 * k if m else 0.0 for m in mask]
+        old = [-1.0 if m else 0.0 for m in mask]
+        rows.append(Row(ids, mask, old, adv, [0] * n, spans, e, group, (k,)))
+
+    for e in range(3):
+        call, result, kept = rand(6), rand(20), rand(30)
+        add(pinned + call + result, rand(5), e, 0)
+        add(pinned + call + result + kept + rand(3 + e), rand(7), e, 1)
+        add(pinned + call + result + kept + rand(5), rand(4), e, 2)
+    return rows
+
+
+def test_rows_that_share_past_another_rows_first_loss_token_get_a_node_of_their_own(model: Any) -> None:
+    rows = rebuilt_rows(model.config.vocab_size)
+    (root,) = build_layout(rows, "shared", 4096, 0)
+    # the pinned prefix stops one token before the first rows' first call; those rows go on from there
+    assert root.prefix_len == 39 and sorted(i for mb in root.batches for i in mb.rows) == [0, 3, 6]
+    # the rebuilt rows share the pinned prefix's last token, then split by episode: each episode's call,
+    # result and kept tokens (56) once for its two rows
+    (hub,) = root.children
+    assert hub.prefix_len == 1 and not hub.batches
+    assert [c.prefix_len for c in hub.children] == [56, 56, 56]
+    assert [sorted(i for mb in c.batches for i in mb.rows) for c in hub.children] == [[1, 2], [4, 5], [7, 8]]
+
+    def unpadded(unit: LayoutUnit) -> int:
+        return (
+            unit.prefix_len
+            + sum(sum(mb.row_lengths) for mb in unit.batches)
+            + sum(map(unpadded, unit.children))
+        )
+
+    # 9 rows through the first 39 tokens once, 6 through the 40th once, 2 per episode through its 56 once
+    assert unpadded(root) == sum(len(r) for r in rows) - 8 * 39 - 5 * 1 - 3 * 56
+    assert_same(layout_backward(model, rows, "shared", 4096), reference_backward(model, rows))
 
 
 def test_old_and_reference_logprobs_are_those_of_the_rows_alone(model: Any) -> None:

@@ -32,7 +32,9 @@ rest of each row as a *suffix* in padded microbatches (``kind == "shared"``) who
 from the prefix. The trainer runs the prefix once, lets every suffix attend to its keys and values, and
 sums the suffixes' gradients back through the one copy (:mod:`ctxrl.train.update`): the same loss and
 gradients as the rows laid out whole, for the prefix's tokens paid once per group instead of once per row.
-A layout is a list of :class:`LayoutUnit`: a prefix (possibly empty) and the microbatches that follow it.
+Below that prefix the rows form a trie: rows that go on alike (the rows of one episode whose rebuilt prompts
+keep its first turns, episodes that made the same first call) share a longer prefix in a child node, down to
+where each row's first loss token forces it out. A layout is a list of :class:`LayoutUnit`: a prefix (possibly empty) and the microbatches that follow it.
 """
 
 from __future__ import annotations
@@ -447,10 +449,19 @@ def _suffix_batches(
 
 
 MIN_SHARED_PREFIX = 16
-"""Groups whose rows share fewer leading tokens than this are laid out plainly (nothing worth sharing); a
-cluster of rows becomes a child node when it shares at least this many more."""
-MAX_TRIE_DEPTH = 4
-"""Levels of nested prefixes below a group's (a bound on the recursion, not a tuning knob)."""
+"""A node of the trie is kept only when it saves at least this many token passes (its rows' shared tokens
+computed once instead of once per row, its own and its descendants'); a group's rows that save fewer are laid
+out plainly."""
+MAX_TRIE_DEPTH = 16
+"""Levels of nested prefixes below a group's. Each level's prefix is at least one token longer than its
+parent's, so this only bounds the recursion (recorded SmolLM2 groups need 5 levels)."""
+
+
+def _saved(unit: LayoutUnit) -> int:
+    """Token passes that ``unit`` saves over laying the rows below it out whole: each prefix once, not once
+    per row below it."""
+    rows = sum(len(mb.rows) for mb in unit.all_batches())
+    return (rows - 1) * unit.prefix_len + sum(_saved(child) for child in unit.children)
 
 
 def _trie_node(
@@ -465,23 +476,29 @@ def _trie_node(
     max_depth: int = MAX_TRIE_DEPTH,
 ) -> LayoutUnit:
     """The node for ``rows[members]``, which share ``input_ids[:offset]``: its prefix runs to their common
-    prefix; rows that share at least ``min_prefix`` more tokens with others form child nodes, the rest become
-    this node's suffix microbatches."""
+    prefix (:func:`common_prefix_len`). A row whose first loss token comes right after that prefix cannot
+    share more, and stays here; the others are split by their next token, and each split of two or more rows
+    becomes a child node (which may split again) when it saves at least ``min_prefix`` token passes. Rows left
+    here run as this node's suffix microbatches."""
     chosen = [rows[i] for i in members]
-    end = common_prefix_len(chosen) if len(chosen) > 1 else offset
-    end = max(end, offset)
+    end = max(common_prefix_len(chosen) if len(chosen) > 1 else offset, offset)
+    direct: list[int] = []
     clusters: dict[int, list[int]] = {}
     for i in members:
-        clusters.setdefault(rows[i].input_ids[end], []).append(i)
-    children, direct = [], []
-    for cluster in clusters.values():
-        extra = common_prefix_len([rows[i] for i in cluster]) - end if len(cluster) > 1 else 0
-        if depth < max_depth and extra >= max(min_prefix, 1):
-            children.append(
-                _trie_node(rows, cluster, end, max_tokens, pad_id, min_prefix, group, depth + 1, max_depth)
-            )
+        if first_loss_position(rows[i]) - 1 > end:  # so its ids go on past ``end`` with no loss token yet
+            clusters.setdefault(rows[i].input_ids[end], []).append(i)
         else:
-            direct.extend(cluster)
+            direct.append(i)
+    children = []
+    for cluster in clusters.values():
+        if len(cluster) > 1 and depth < max_depth:
+            child = _trie_node(
+                rows, cluster, end, max_tokens, pad_id, min_prefix, group, depth + 1, max_depth
+            )
+            if _saved(child) >= max(min_prefix, 1):
+                children.append(child)
+                continue
+        direct.extend(cluster)
     return LayoutUnit(
         prefix_ids=np.asarray([rows[members[0]].input_ids[offset:end]], dtype=np.int64),
         batches=tuple(_suffix_batches(rows, sorted(direct), end, max_tokens, pad_id)) if direct else (),
@@ -500,13 +517,13 @@ def share_prefixes(
     max_depth: int = MAX_TRIE_DEPTH,
 ) -> list[LayoutUnit]:
     """One unit per group of ``rows``: the root of a trie over the group's rows. Its prefix is the group's
-    common prefix (:func:`common_prefix_len`), computed once; rows that share at least ``min_prefix`` tokens
-    more (the rows of one episode before its prompts part, say) form child nodes with a prefix of their own
-    after it, and so on down; every row's remaining suffix is laid out in padded microbatches of at most
-    ``max_tokens`` tokens (a longer suffix alone) under the deepest node it belongs to. A group whose prefix
-    is shorter than ``min_prefix`` tokens, or that has a single row, is padded as it is (one plain unit per
-    microbatch). ``max_depth`` bounds the levels below the group's (0: the group's prefix only).
-    ``Microbatch.rows`` index into ``rows`` as for the other layouts.
+    common prefix (:func:`common_prefix_len`), computed once; below it, rows that go on alike (the rows of one
+    episode, whose rebuilt prompts keep the first turns; episodes that generated the same first call) form
+    child nodes with a prefix of their own, and so on down (:func:`_trie_node`); every row's remaining suffix
+    is laid out in padded microbatches of at most ``max_tokens`` tokens (a longer suffix alone) under the
+    deepest node it belongs to. A group whose trie saves fewer than ``min_prefix`` token passes, or that has a
+    single row, is padded as it is (one plain unit per microbatch). ``max_depth`` bounds the levels below the
+    group's (0: the group's prefix only). ``Microbatch.rows`` index into ``rows`` as for the other layouts.
 
     >>> a = Row([1, 2, 3, 4, 9], [0, 0, 0, 0, 1], [0.0] * 5, [0.0] * 5, [0] * 5, [(4, 5)], 0, 0, (0,))
     >>> b = Row([1, 2, 3, 7, 8, 9], [0, 0, 0, 0, 1, 1], [0.0] * 6, [0.0] * 6, [0] * 6, [(4, 6)], 1, 0, (0,))
@@ -522,13 +539,13 @@ def share_prefixes(
         groups.setdefault(r.group, []).append(i)
     units: list[LayoutUnit] = []
     for g, members in groups.items():
-        chosen = [rows[i] for i in members]
-        prefix = common_prefix_len(chosen) if len(chosen) > 1 else 0
-        if prefix < max(min_prefix, 1):
-            for mb in pad_rows(chosen, max_tokens, pad_id):
-                units.extend(plain_units([replace(mb, rows=tuple(members[j] for j in mb.rows))]))
-            continue
-        units.append(_trie_node(rows, members, 0, max_tokens, pad_id, min_prefix, g, 0, max_depth))
+        if len(members) > 1:
+            root = _trie_node(rows, members, 0, max_tokens, pad_id, min_prefix, g, 0, max_depth)
+            if _saved(root) >= max(min_prefix, 1):
+                units.append(root)
+                continue
+        for mb in pad_rows([rows[i] for i in members], max_tokens, pad_id):
+            units.extend(plain_units([replace(mb, rows=tuple(members[j] for j in mb.rows))]))
     return units
 
 
