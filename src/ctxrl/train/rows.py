@@ -450,8 +450,8 @@ def _suffix_batches(
 
 MIN_SHARED_PREFIX = 16
 """A node of the trie is kept only when it saves at least this many token passes (its rows' shared tokens
-computed once instead of once per row, its own and its descendants'); a group's rows that save fewer are laid
-out plainly."""
+computed once instead of once per row, its own and its descendants'); a group whose rows share fewer leading
+tokens than this is laid out plainly."""
 MAX_TRIE_DEPTH = 16
 """Levels of nested prefixes below a group's. Each level's prefix is at least one token longer than its
 parent's, so this only bounds the recursion (recorded SmolLM2 groups need 5 levels)."""
@@ -521,8 +521,9 @@ def share_prefixes(
     episode, whose rebuilt prompts keep the first turns; episodes that generated the same first call) form
     child nodes with a prefix of their own, and so on down (:func:`_trie_node`); every row's remaining suffix
     is laid out in padded microbatches of at most ``max_tokens`` tokens (a longer suffix alone) under the
-    deepest node it belongs to. A group whose trie saves fewer than ``min_prefix`` token passes, or that has a
-    single row, is padded as it is (one plain unit per microbatch). ``max_depth`` bounds the levels below the
+    deepest node it belongs to. A group whose rows share fewer than ``min_prefix`` leading tokens (short rows
+    of a copy task, say, where many small nodes would cost more passes than they save), or that has a single
+    row, is padded as it is (one plain unit per microbatch). ``max_depth`` bounds the levels below the
     group's (0: the group's prefix only). ``Microbatch.rows`` index into ``rows`` as for the other layouts.
 
     >>> a = Row([1, 2, 3, 4, 9], [0, 0, 0, 0, 1], [0.0] * 5, [0.0] * 5, [0] * 5, [(4, 5)], 0, 0, (0,))
@@ -539,12 +540,11 @@ def share_prefixes(
         groups.setdefault(r.group, []).append(i)
     units: list[LayoutUnit] = []
     for g, members in groups.items():
-        if len(members) > 1:
-            root = _trie_node(rows, members, 0, max_tokens, pad_id, min_prefix, g, 0, max_depth)
-            if _saved(root) >= max(min_prefix, 1):
-                units.append(root)
-                continue
-        for mb in pad_rows([rows[i] for i in members], max_tokens, pad_id):
+        chosen = [rows[i] for i in members]
+        if len(chosen) > 1 and common_prefix_len(chosen) >= max(min_prefix, 1):
+            units.append(_trie_node(rows, members, 0, max_tokens, pad_id, min_prefix, g, 0, max_depth))
+            continue
+        for mb in pad_rows(chosen, max_tokens, pad_id):
             units.extend(plain_units([replace(mb, rows=tuple(members[j] for j in mb.rows))]))
     return units
 
