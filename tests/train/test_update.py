@@ -179,13 +179,10 @@ def rebuilt_rows(vocab: int, *, seed: int = 11, group: int = 0) -> list[Row]:
 
     def add(head: list[int], tail: list[int], e: int, k: int) -> None:
         ids, n = head + tail, len(head) + len(tail)
-        mask = [0] * n
-        for t in range(len(head), n):
-            mask[t] = 1
+        mask = [0] * len(head) + [1] * len(tail)
         spans = [(len(head), n)]
         if k == 0:  # the first row's own first call is a loss span right after the pinned prefix
-            for t in range(40, 46):
-                mask[t] = 1
+            mask[40:46] = [1] * 6
             spans.insert(0, (40, 46))
         adv = [10.0 * (e - 1) + 2.0 * k if m else 0.0 for m in mask]
         old = [-1.0 if m else 0.0 for m in mask]

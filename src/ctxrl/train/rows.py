@@ -34,7 +34,8 @@ sums the suffixes' gradients back through the one copy (:mod:`ctxrl.train.update
 gradients as the rows laid out whole, for the prefix's tokens paid once per group instead of once per row.
 Below that prefix the rows form a trie: rows that go on alike (the rows of one episode whose rebuilt prompts
 keep its first turns, episodes that made the same first call) share a longer prefix in a child node, down to
-where each row's first loss token forces it out. A layout is a list of :class:`LayoutUnit`: a prefix (possibly empty) and the microbatches that follow it.
+where each row's first loss token forces it out. A layout is a list of :class:`LayoutUnit`: a prefix
+(possibly empty) and the microbatches that follow it.
 """
 
 from __future__ import annotations
