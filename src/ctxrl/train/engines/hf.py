@@ -5,8 +5,9 @@ logits ``generate`` returns (``output_logits=True``), so they are the model's ow
 temperature and top-p, like vLLM's default ``raw_logprobs``. There is no prefix cache (``num_cached_tokens``
 is 0) and no sleep mode.
 
-Sampling is reproducible per engine: the engine keeps its own RNG state (seeded at construction) and runs
-``generate`` inside ``torch.random.fork_rng``, so it neither depends on nor disturbs the global RNG.
+Sampling is reproducible per engine: the engine keeps its own RNG state (seeded at construction; on a CUDA
+model the device's generator state too, since sampling then draws from it) and runs ``generate`` inside
+``torch.random.fork_rng``, so it neither depends on nor disturbs the global RNG.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ class HFEngine:
         self.batch_size = batch_size
         gen = torch.Generator().manual_seed(seed)
         self._rng_state = gen.get_state()
+        self._seed = seed
+        self._device_rng_state: Any = None  # the CUDA generator's state, made on the first CUDA call
 
     @classmethod
     def from_model(cls, model: Any, **kwargs: Any) -> HFEngine:
@@ -139,15 +142,24 @@ class HFEngine:
         )
         if not sampling.greedy:
             config.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
+        device = self.model.device
+        cuda = device.type == "cuda"
+        with torch.random.fork_rng(devices=[device] if cuda else []), torch.no_grad():
             torch.random.set_rng_state(self._rng_state)
-            device = self.model.device
+            if cuda:
+                if self._device_rng_state is None:
+                    self._device_rng_state = (
+                        torch.Generator(device=device).manual_seed(self._seed).get_state()
+                    )
+                torch.cuda.set_rng_state(self._device_rng_state, device)
             out = self.model.generate(
                 input_ids=input_ids.to(device),
                 attention_mask=attention_mask.to(device),
                 generation_config=config,
             )
             self._rng_state = torch.random.get_rng_state()
+            if cuda:
+                self._device_rng_state = torch.cuda.get_rng_state(device)
 
         new_ids = out.sequences[:, width:].cpu()
         logprobs = torch.log_softmax(torch.stack(out.logits, dim=1).float(), dim=-1).cpu()
