@@ -3,10 +3,15 @@
     python scripts/probe_layouts.py [MODEL] [GROUP_SIZE] [DIFFICULTY] [LAYOUTS]
     python scripts/probe_layouts.py smollm2-135m-instruct 2 short padded,shared,padded,shared
     python scripts/probe_layouts.py --tokens runs/roll/trajectories.jsonl   # token counts of recorded episodes
+    python scripts/probe_layouts.py --profile runs/roll/trajectories.jsonl [MODEL] [LAYOUTS]
 
 ``--tokens FILE``: no model, no timing: the rows of the episodes in a trajectories file (``ctxrl rollout``
 writes one), and the tokens each layout puts through the model — packed rows, the group's prefix once
 (one level), and the trie of nested prefixes (``share_prefixes``' default) — as ratios to packed.
+
+``--profile FILE``: one update of the recorded episodes' rows (rewards alternating, as ``ctxrl bench smollm2``
+sets them, so every row carries advantages) in each layout, timed after one untimed warm-up pass, under
+torch's profiler: seconds, tokens, estimated GFLOP and the ops that took the time.
 
 LAYOUTS: a comma list of shared, packed, padded (``ctxrl.train.update.backward_layout``, LM head at loss
 positions) and legacy (packed lines, LM head and log-softmax at every position: the update before shared
@@ -30,8 +35,8 @@ from ctxrl.train.config import LoraSettings, TrainConfig
 from ctxrl.train.credit import CreditConfig, assign_credit
 from ctxrl.train.engines import EngineConfig, SamplingConfig, make_engine
 from ctxrl.train.engines.scripted import text_policy
-from ctxrl.train.policy import load_policy
 from ctxrl.train.models import get_model
+from ctxrl.train.policy import load_policy
 from ctxrl.train.rollout import RolloutConfig, rollout
 from ctxrl.train.rows import build_layout, episode_rows, layout_flops
 from ctxrl.train.update import backward_layout, layout_sizes
@@ -57,9 +62,58 @@ def token_counts(path: str) -> None:
     )
 
 
+def profile_recorded(path: str, name: str, kinds: list[str]) -> None:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from ctxrl.train.trajectory import load_trajectories
+
+    episodes = [replace(ep, reward=float(i % 2)) for i, ep in enumerate(load_trajectories(path))]
+    credit = assign_credit(episodes, CreditConfig(advantages=AdvantageConfig(w_eff=0.25)))
+    rows = [
+        r
+        for i, (ep, c) in enumerate(zip(episodes, credit))
+        for r in episode_rows(ep, c.steps, episode_index=i)
+    ]
+    print(f"{len(episodes)} episodes, {len(rows)} rows, {sum(len(r) for r in rows)} row tokens")
+    config = TrainConfig(lora=LoraSettings(enabled=True, dropout=0.0))
+    model = load_policy(get_model(name), config).train()
+    sizes = layout_sizes(model)
+    assert sizes is not None
+    for kind in kinds:
+        units = build_layout(rows, kind, 4096, 0)  # type: ignore[arg-type]
+        n = float(sum(u.num_loss_tokens for u in units))
+        backward_layout(model, units, config.loss, num_loss_tokens=n)  # warm-up
+        model.zero_grad(set_to_none=True)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            start = time.perf_counter()
+            backward_layout(model, units, config.loss, num_loss_tokens=n)
+            seconds = time.perf_counter() - start
+        model.zero_grad(set_to_none=True)
+        nodes, passes = 0, 0
+        stack = list(units)
+        while stack:
+            unit = stack.pop()
+            nodes += bool(unit.prefix_len)
+            passes += len(unit.batches)
+            stack.extend(unit.children)
+        tokens = sum(u.num_tokens for u in units)
+        gflop = layout_flops(units, sizes) / 1e9
+        print(
+            f"{kind:7s} {seconds:7.1f} s  {tokens} tokens  {gflop:.0f} GFLOP forward  {nodes} prefix nodes  "
+            f"{passes} suffix passes  ({torch.get_num_threads()} threads)",
+            flush=True,
+        )
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18), flush=True)
+
+
 def main(argv: list[str]) -> None:
     if argv[:1] == ["--tokens"]:
         token_counts(argv[1])
+        return
+    if argv[:1] == ["--profile"]:
+        kinds = (argv[3] if len(argv) > 3 else "shared").split(",")
+        profile_recorded(argv[1], argv[2] if len(argv) > 2 else "smollm2-135m-instruct", kinds)
         return
     name = argv[0] if argv else "smollm2-135m-instruct"
     group = int(argv[1]) if len(argv) > 1 else 2
@@ -94,12 +148,12 @@ def main(argv: list[str]) -> None:
     for kind in kinds:
         start = time.perf_counter()
         if kind == "legacy":
-            legacy_packed_backward(model, rows, config.loss_config(), 4096)
+            legacy_packed_backward(model, rows, config.loss, 4096)
             print(f"legacy  {time.perf_counter() - start:7.1f} s", flush=True)
         else:
             units = build_layout(rows, kind, 4096, 0)  # type: ignore[arg-type]
             n = float(sum(u.num_loss_tokens for u in units))
-            backward_layout(model, units, config.loss_config(), num_loss_tokens=n)
+            backward_layout(model, units, config.loss, num_loss_tokens=n)
             tokens = sum(u.num_tokens for u in units)
             gflop = layout_flops(units, sizes) / 1e9
             print(

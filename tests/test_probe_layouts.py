@@ -1,0 +1,45 @@
+"""scripts/probe_layouts.py, the update probe the throughput notes cite, runs on recorded episodes (it had
+rotted once: a renamed config accessor broke it with nothing in the suite to notice)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_probe_counts_and_profiles_the_layouts_of_recorded_episodes(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    roll = tmp_path / "roll"
+    recorded = subprocess.run(
+        [sys.executable, "-m", "ctxrl.cli", "rollout", "--model", str(tiny_model_dir), "--out", str(roll),
+         "engine.name=scripted", "engine.policy=file-manager", "rollout.group_size=2", "tasks.count=1",
+         "tasks.families=[retention]", "tasks.difficulty=short", "rollout.max_steps=4"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert recorded.returncode == 0, recorded.stderr[-2000:]
+    trajectories = roll / "trajectories.jsonl"
+
+    def probe(*args: str) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "probe_layouts.py"), *args],
+            capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.splitlines()
+
+    counts = probe("--tokens", str(trajectories))
+    assert counts[0].startswith("2 episodes in 1 groups")
+    assert "trie" in counts[1]
+
+    profiled = probe("--profile", str(trajectories), str(tiny_model_dir), "shared,padded")
+    timed = [line.split() for line in profiled if line.startswith(("shared ", "padded "))]
+    assert [t[0] for t in timed] == ["shared", "padded"]
+    assert all(float(t[1]) > 0 and int(t[3]) > 0 for t in timed)
+    assert any("Self CPU" in line for line in profiled)  # the profiler's table follows each layout
