@@ -13,7 +13,7 @@ import torch
 from ctxrl.train.logprobs import token_logprobs
 from ctxrl.train.loss import LossConfig, policy_loss
 from ctxrl.train.rows import LayoutUnit, Row, build_layout, layout_kind, pack_rows
-from ctxrl.train.update import backward_layout, layout_logprobs, layout_sizes, make_layout
+from ctxrl.train.update import backward_layout, layout_logprobs, layout_sizes, make_layout, prefix_forward
 
 ATOL = 1e-5
 LOSS = LossConfig(tis_cap=2.0)
@@ -163,6 +163,22 @@ def test_nested_prefixes_give_the_gradients_of_one_packed_line(model: Any) -> No
     with torch.no_grad():
         (lps,) = layout_logprobs(model, [root], torch.device("cpu"))
     assert len(lps) == len(root.all_batches()) == 3
+
+
+def test_recomputed_prefixes_hold_no_graph_and_give_the_same_gradients(model: Any) -> None:
+    """train.recompute_prefixes: a prefix's forward keeps no graph until its backward reruns it; the loss
+    and every gradient stay those of one packed line."""
+    rows = trie_rows(model.config.vocab_size)
+    (root,) = build_layout(rows, "shared", 4096, 0)
+    assert root.children  # nested prefixes: a child's recomputed forward attends to its parent's leaves
+    state = prefix_forward(model, root.prefix_ids, torch.device("cpu"), recompute=True)
+    assert state.kv == [] and state.redo is not None
+    assert all(k.requires_grad and k.grad_fn is None for k, _ in state.leaves)
+
+    model.zero_grad(set_to_none=True)
+    n = float(sum(r.num_loss_tokens for r in rows))
+    result = backward_layout(model, [root], LOSS, num_loss_tokens=n, recompute_prefixes=True)
+    assert_same((result.loss, grads(model)), reference_backward(model, rows))
 
 
 def rebuilt_rows(vocab: int, *, seed: int = 11, group: int = 0) -> list[Row]:

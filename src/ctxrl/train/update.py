@@ -143,6 +143,8 @@ class PrefixState:
 
     config: Any = None
     """The model's config (a cache built from it knows each layer's kind)."""
+    redo: Callable[[], list[tuple[torch.Tensor, torch.Tensor]]] | None = None
+    """Set when the forward ran without a graph (``recompute``): runs it again with one, for the backward."""
 
     def cache(self, batch: int) -> Any:
         """A transformers cache holding the prefix once per line of a ``batch``-line microbatch (views)."""
@@ -154,9 +156,11 @@ class PrefixState:
         return cache
 
     def backward(self) -> None:
-        """Carry the leaves' summed gradient through the prefix into the weights."""
+        """Carry the leaves' summed gradient through the prefix into the weights (after recomputing the
+        prefix's forward with a graph, when it ran without one)."""
+        kv = self.redo() if self.redo is not None else self.kv
         outputs, grads = [], []
-        for (k, v), (lk, lv) in zip(self.kv, self.leaves):
+        for (k, v), (lk, lv) in zip(kv, self.leaves):
             for t, leaf in ((k, lk), (v, lv)):
                 if leaf.grad is not None and t.requires_grad:
                     outputs.append(t)
@@ -173,24 +177,46 @@ def _cache_pairs(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def prefix_forward(
-    model: Any, prefix_ids: np.ndarray, device: Any, parent: PrefixState | None = None, offset: int = 0
+    model: Any,
+    prefix_ids: np.ndarray,
+    device: Any,
+    parent: PrefixState | None = None,
+    offset: int = 0,
+    *,
+    recompute: bool = False,
 ) -> PrefixState:
     """Run ``prefix_ids`` ``(1, P)`` once with the cache on (no logits); gradients flow if enabled. After a
     ``parent`` prefix of ``offset`` tokens, it attends to the parent's leaves, and its keys and values hold
-    the parent's and its own (so its backward hands the parent's share to the parent's leaves)."""
+    the parent's and its own (so its backward hands the parent's share to the parent's leaves).
+
+    ``recompute``: the forward runs without a graph and again, with one, in :meth:`PrefixState.backward`
+    — the prefix's activations are not held while every row below it runs (one more forward of its tokens).
+    """
     ids = torch.from_numpy(prefix_ids).to(device)
-    kwargs: dict[str, Any] = {} if parent is None else {"past_key_values": parent.cache(1)}
-    out = model(
-        input_ids=ids,
-        position_ids=torch.arange(offset, offset + ids.shape[1], device=device)[None],
-        use_cache=True,
-        logits_to_keep=torch.zeros(0, dtype=torch.long, device=device),
-        **kwargs,
-    )
-    kv = _cache_pairs(out.past_key_values)
+
+    def run() -> list[tuple[torch.Tensor, torch.Tensor]]:
+        kwargs: dict[str, Any] = {} if parent is None else {"past_key_values": parent.cache(1)}
+        out = model(
+            input_ids=ids,
+            position_ids=torch.arange(offset, offset + ids.shape[1], device=device)[None],
+            use_cache=True,
+            logits_to_keep=torch.zeros(0, dtype=torch.long, device=device),
+            **kwargs,
+        )
+        return _cache_pairs(out.past_key_values)
+
     grad = torch.is_grad_enabled()
+    redo: Callable[[], list[tuple[torch.Tensor, torch.Tensor]]] | None = None
+    if recompute and grad:
+        with torch.no_grad():
+            kv = run()
+        redo = run
+    else:
+        kv = run()
     leaves = [(k.detach().requires_grad_(grad), v.detach().requires_grad_(grad)) for k, v in kv]
-    return PrefixState(kv=kv, leaves=leaves, config=getattr(model, "config", None))
+    return PrefixState(
+        kv=[] if redo is not None else kv, leaves=leaves, config=getattr(model, "config", None), redo=redo
+    )
 
 
 def microbatch_logprobs(
@@ -268,6 +294,7 @@ def _backward_units(
     sync: Callable[[bool], contextlib.AbstractContextManager[Any]],
     before_unit: Callable[[LayoutUnit], None] | None = None,
     with_entropy: bool = True,
+    recompute_prefixes: bool = False,
 ) -> BackwardResult:
     """The loop every update runs: per unit its prefix once, its children (each after its own prefix, which
     attends to the parent's), each microbatch's forward, loss and backward, then the prefix's own backward —
@@ -281,7 +308,11 @@ def _backward_units(
         u: int, unit: LayoutUnit, parent: PrefixState | None, counter: list[int], last_unit: bool
     ) -> None:
         nonlocal stats
-        own = prefix_forward(model, unit.prefix_ids, device, parent, unit.offset) if unit.prefix_len else None
+        own = (
+            prefix_forward(model, unit.prefix_ids, device, parent, unit.offset, recompute=recompute_prefixes)
+            if unit.prefix_len
+            else None
+        )
         prefix = own if own is not None else parent
         for child in unit.children:
             visit(u, child, prefix, counter, False)
@@ -321,6 +352,7 @@ def backward_layout(
     reference: Callable[[LayoutUnit], list[torch.Tensor]] | None = None,
     backward: Callable[[torch.Tensor], None] | None = None,
     sync: Callable[[bool], contextlib.AbstractContextManager[Any]] = _no_context,
+    recompute_prefixes: bool = False,
 ) -> BackwardResult:
     """The policy-gradient update: forward, :func:`ctxrl.train.loss.policy_loss` and backward over every
     microbatch of ``units``; gradients accumulate in ``model``.
@@ -330,7 +362,9 @@ def backward_layout(
     ``old_logprobs[u][i]``: the trainer's logprobs before this step (None: on-policy). ``reference(unit)``:
     reference logprobs of the unit's microbatches (required when ``loss_config.kl_coef > 0``).
     ``backward(loss)`` runs a backward (default ``loss.backward()``; pass ``accelerator.backward``);
-    ``sync(last)`` is the context of each pass (see the module docstring).
+    ``sync(last)`` is the context of each pass (see the module docstring). ``recompute_prefixes``: each
+    shared prefix's forward runs again in its backward instead of holding its graph
+    (``train.recompute_prefixes``, :func:`prefix_forward`).
     """
     refs: list[torch.Tensor] | None = None
 
@@ -362,6 +396,7 @@ def backward_layout(
         backward=backward,
         sync=sync,
         before_unit=take_reference,
+        recompute_prefixes=recompute_prefixes,
     )
 
 
@@ -469,6 +504,7 @@ def grpo_update(
             reference=reference,
             backward=acc.backward,
             sync=lambda last: sync_context(acc, model, last),
+            recompute_prefixes=config.recompute_prefixes,
         )
         result.stats += out.stats
         result.entropy_sum += out.entropy_sum
