@@ -25,6 +25,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import replace
+from typing import Any
 
 from ctxrl.commands.bench_train import legacy_packed_backward
 from ctxrl.env.policies import make_policy
@@ -62,19 +63,30 @@ def token_counts(path: str) -> None:
     )
 
 
+def update_rows(episodes: list[Any]) -> list[Any]:
+    """The rows an update trains on, with rewards alternating as ``ctxrl bench smollm2`` sets them (so every
+    row carries advantages: the probe times the update, not its direction)."""
+    episodes = [replace(ep, reward=float(i % 2)) for i, ep in enumerate(episodes)]
+    credit = assign_credit(episodes, CreditConfig(advantages=AdvantageConfig(w_eff=0.25)))
+    return [
+        r
+        for i, (ep, c) in enumerate(zip(episodes, credit))
+        for r in episode_rows(ep, c.steps, episode_index=i)
+    ]
+
+
+def _prefix_nodes(units: Any) -> int:
+    return sum(bool(u.prefix_len) + _prefix_nodes(u.children) for u in units)
+
+
 def profile_recorded(path: str, name: str, kinds: list[str]) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     from ctxrl.train.trajectory import load_trajectories
 
-    episodes = [replace(ep, reward=float(i % 2)) for i, ep in enumerate(load_trajectories(path))]
-    credit = assign_credit(episodes, CreditConfig(advantages=AdvantageConfig(w_eff=0.25)))
-    rows = [
-        r
-        for i, (ep, c) in enumerate(zip(episodes, credit))
-        for r in episode_rows(ep, c.steps, episode_index=i)
-    ]
+    episodes = load_trajectories(path)
+    rows = update_rows(episodes)
     print(f"{len(episodes)} episodes, {len(rows)} rows, {sum(len(r) for r in rows)} row tokens")
     config = TrainConfig(lora=LoraSettings(enabled=True, dropout=0.0))
     model = load_policy(get_model(name), config).train()
@@ -90,13 +102,8 @@ def profile_recorded(path: str, name: str, kinds: list[str]) -> None:
             backward_layout(model, units, config.loss, num_loss_tokens=n)
             seconds = time.perf_counter() - start
         model.zero_grad(set_to_none=True)
-        nodes, passes = 0, 0
-        stack = list(units)
-        while stack:
-            unit = stack.pop()
-            nodes += bool(unit.prefix_len)
-            passes += len(unit.batches)
-            stack.extend(unit.children)
+        nodes = _prefix_nodes(units)
+        passes = sum(len(u.all_batches()) for u in units)
         tokens = sum(u.num_tokens for u in units)
         gflop = layout_flops(units, sizes) / 1e9
         print(
@@ -131,13 +138,7 @@ def main(argv: list[str]) -> None:
         RolloutConfig(group_size=group, mode="file"),
         sampling=SamplingConfig(max_new_tokens=256),
     )
-    episodes = [replace(ep, reward=float(i % 2)) for i, ep in enumerate(result.episodes)]
-    credit = assign_credit(episodes, CreditConfig(advantages=AdvantageConfig(w_eff=0.25)))
-    rows = [
-        r
-        for i, (ep, c) in enumerate(zip(episodes, credit))
-        for r in episode_rows(ep, c.steps, episode_index=i)
-    ]
+    rows = update_rows(result.episodes)
     print(
         f"{len(rows)} rows of {[len(r) for r in rows]} tokens, {sum(r.num_loss_tokens for r in rows)} loss tokens"
     )
