@@ -14,8 +14,9 @@ sets them, so every row carries advantages) in each layout, timed after one unti
 torch's profiler: seconds, tokens, estimated GFLOP and the ops that took the time.
 
 LAYOUTS: a comma list of shared, packed, padded (``ctxrl.train.update.backward_layout``, LM head at loss
-positions) and legacy (packed lines, LM head and log-softmax at every position: the update before shared
-prefixes). LoRA r=16 as configs/train_smollm2.yaml, 4,096-token microbatches, torch's default threads. The first
+positions), masked (shared, with the rows attending to their prefix through the dense mask transformers builds
+instead of the two-part attention: ``train.two_part_attention=false``) and legacy (packed lines, LM head and
+log-softmax at every position: the update before shared prefixes). LoRA r=16 as configs/train_smollm2.yaml, 4,096-token microbatches, torch's default threads. The first
 layout timed also pays the process's warm-up: list one twice to see it. Prints tokens, estimated GFLOP and
 seconds per layout; used for docs/train_throughput.md.
 """
@@ -75,6 +76,11 @@ def update_rows(episodes: list[Any]) -> list[Any]:
     ]
 
 
+def _layout(kind: str) -> Any:
+    """The layout a LAYOUTS name builds (``masked`` is the shared layout, timed with the mask)."""
+    return "shared" if kind == "masked" else kind
+
+
 def _prefix_nodes(units: Any) -> int:
     return sum(bool(u.prefix_len) + _prefix_nodes(u.children) for u in units)
 
@@ -93,13 +99,14 @@ def profile_recorded(path: str, name: str, kinds: list[str]) -> None:
     sizes = layout_sizes(model)
     assert sizes is not None
     for kind in kinds:
-        units = build_layout(rows, kind, 4096, 0)  # type: ignore[arg-type]
+        units = build_layout(rows, _layout(kind), 4096, 0)
         n = float(sum(u.num_loss_tokens for u in units))
-        backward_layout(model, units, config.loss, num_loss_tokens=n)  # warm-up
+        two_part = kind != "masked"
+        backward_layout(model, units, config.loss, num_loss_tokens=n, two_part=two_part)  # warm-up
         model.zero_grad(set_to_none=True)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             start = time.perf_counter()
-            backward_layout(model, units, config.loss, num_loss_tokens=n)
+            backward_layout(model, units, config.loss, num_loss_tokens=n, two_part=two_part)
             seconds = time.perf_counter() - start
         model.zero_grad(set_to_none=True)
         nodes = _prefix_nodes(units)
@@ -152,9 +159,9 @@ def main(argv: list[str]) -> None:
             legacy_packed_backward(model, rows, config.loss, 4096)
             print(f"legacy  {time.perf_counter() - start:7.1f} s", flush=True)
         else:
-            units = build_layout(rows, kind, 4096, 0)  # type: ignore[arg-type]
+            units = build_layout(rows, _layout(kind), 4096, 0)
             n = float(sum(u.num_loss_tokens for u in units))
-            backward_layout(model, units, config.loss, num_loss_tokens=n)
+            backward_layout(model, units, config.loss, num_loss_tokens=n, two_part=kind != "masked")
             tokens = sum(u.num_tokens for u in units)
             gflop = layout_flops(units, sizes) / 1e9
             print(

@@ -38,8 +38,20 @@ def test_probe_counts_and_profiles_the_layouts_of_recorded_episodes(
     assert counts[0].startswith("2 episodes in 1 groups")
     assert "trie" in counts[1]
 
-    profiled = probe("--profile", str(trajectories), str(tiny_model_dir), "shared,padded")
-    timed = [line.split() for line in profiled if line.startswith(("shared ", "padded "))]
-    assert [t[0] for t in timed] == ["shared", "padded"]
+    profiled = probe("--profile", str(trajectories), str(tiny_model_dir), "shared,padded,masked")
+    timed = [line.split() for line in profiled if line.startswith(("shared ", "padded ", "masked "))]
+    assert [t[0] for t in timed] == ["shared", "padded", "masked"]
+    assert timed[0][3] == timed[2][3]  # the masked layout is the shared one: the same tokens
     assert all(float(t[1]) > 0 and int(t[3]) > 0 for t in timed)
     assert any("Self CPU" in line for line in profiled)  # the profiler's table follows each layout
+
+
+def test_attention_probe_times_the_mask_against_the_two_kinds_without_one() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "probe_attention.py"), "24", "8", "2", "1"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split() for line in done.stdout.splitlines()[1:4]]
+    assert [r[0] for r in rows] == ["mask", "nomask", "twopart"]
+    assert rows[0][3] == "x1.00" and all(float(r[1]) > 0 for r in rows)

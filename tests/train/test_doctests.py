@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-MODULES = ["ctxrl.train.rows", "ctxrl.train.loss", "ctxrl.train.sft"]
+MODULES = ["ctxrl.train.rows", "ctxrl.train.loss", "ctxrl.train.sft", "ctxrl.train.attention"]
 
 
 @pytest.mark.parametrize("name", MODULES)

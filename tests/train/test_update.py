@@ -275,3 +275,53 @@ def test_shared_prefix_is_exact_on_smollm2_rows() -> None:
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).train()
     rows = group_rows(model.config.vocab_size, groups=1, episodes=3, prefix=200)
     assert_same(layout_backward(model, rows, "shared", 512), reference_backward(model, rows))
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_two_part_attention_replaces_the_mask_and_keeps_the_gradients(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, lora: bool
+) -> None:
+    """train.two_part_attention: every forward after a prefix (the suffix batches and the nested prefixes)
+    attends in two parts, and the loss and gradients are those of the masked path and of one packed line."""
+    from transformers import AutoModelForCausalLM
+
+    from ctxrl.train import attention
+
+    policy: Any = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).train()
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        policy = get_peft_model(policy, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+        torch.manual_seed(0)
+        for p in policy.parameters():
+            if p.requires_grad:
+                torch.nn.init.normal_(p, std=0.05)
+    assert attention.supports_prefix_attention(policy)
+    calls: list[tuple[int, ...]] = []
+    real = attention.two_part_attention
+
+    def counted(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, **kw: Any) -> torch.Tensor:
+        calls.append((query.shape[0], query.shape[2], key.shape[2]))
+        return real(query, key, value, **kw)
+
+    monkeypatch.setattr(attention, "two_part_attention", counted)
+    rows = trie_rows(policy.config.vocab_size, seed=13)
+    (root,) = build_layout(rows, "shared", 4096, 0)
+    n = float(sum(r.num_loss_tokens for r in rows))
+
+    def run(two_part: bool) -> tuple[float, dict[str, Any]]:
+        policy.zero_grad(set_to_none=True)
+        result = backward_layout(policy, [root], LOSS, num_loss_tokens=n, two_part=two_part)
+        return result.loss, grads(policy)
+
+    masked = run(False)
+    assert calls == []
+    two_part = run(True)
+    layers = policy.config.num_hidden_layers
+    # each child prefix once (1 line after the 40 pinned tokens), each suffix batch of 2 lines after 65
+    assert len(calls) == layers * 6 and all(c[1] < c[2] for c in calls)
+    assert sorted(set(calls)) == sorted({(1, 25, 65)} | {(2, mb.input_ids.shape[1], 65 + mb.input_ids.shape[1])
+                                         for c in root.children for mb in c.batches})  # fmt: skip
+    assert_same(two_part, masked)
+    assert_same(two_part, reference_backward(policy, rows))
+    assert policy.config._attn_implementation == "sdpa"  # restored after every forward

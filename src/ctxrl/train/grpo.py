@@ -233,7 +233,11 @@ def train(
             sizes=sizes,
             packs=packs,
             shared_ok=shared_ok,
-            reference=(lambda unit: reference_logprobs(policy, reference, unit, acc.device))
+            reference=(
+                lambda unit: reference_logprobs(
+                    policy, reference, unit, acc.device, two_part=config.two_part_attention
+                )
+            )
             if config.loss.kl_coef > 0
             else None,
         )

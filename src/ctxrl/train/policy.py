@@ -51,9 +51,11 @@ def geometry(model: Any) -> ModelGeometry | None:
         return None  # e.g. mixture-of-experts: cost in tokens only
 
 
-def reference_logprobs(policy: Any, reference: Any, unit: LayoutUnit, device: Any) -> list[torch.Tensor]:
+def reference_logprobs(
+    policy: Any, reference: Any, unit: LayoutUnit, device: Any, *, two_part: bool = True
+) -> list[torch.Tensor]:
     """Logprobs under the reference: the frozen initial model, or with LoRA the base with the adapter off."""
     if reference is not None:
-        return layout_logprobs(reference, [unit], device)[0]
+        return layout_logprobs(reference, [unit], device, two_part=two_part)[0]
     with policy.disable_adapter():
-        return layout_logprobs(policy, [unit], device)[0]
+        return layout_logprobs(policy, [unit], device, two_part=two_part)[0]

@@ -39,6 +39,7 @@ import torch
 
 from ctxrl.errors import ConfigError
 from ctxrl.rewards.cost import ModelGeometry
+from ctxrl.train.attention import prefix_attention
 from ctxrl.train.config import TrainConfig
 from ctxrl.train.logprobs import packing_supported, token_logprobs
 from ctxrl.train.loss import LossConfig, LossStats, policy_loss, token_mean_scale
@@ -145,6 +146,9 @@ class PrefixState:
     """The model's config (a cache built from it knows each layer's kind)."""
     redo: Callable[[], list[tuple[torch.Tensor, torch.Tensor]]] | None = None
     """Set when the forward ran without a graph (``recompute``): runs it again with one, for the backward."""
+    two_part: bool = False
+    """Forwards that continue this prefix attend to it in two parts, without a mask
+    (:mod:`ctxrl.train.attention`; ``train.prefix_attention``)."""
 
     def cache(self, batch: int) -> Any:
         """A transformers cache holding the prefix once per line of a ``batch``-line microbatch (views)."""
@@ -184,6 +188,7 @@ def prefix_forward(
     offset: int = 0,
     *,
     recompute: bool = False,
+    two_part: bool = True,
 ) -> PrefixState:
     """Run ``prefix_ids`` ``(1, P)`` once with the cache on (no logits); gradients flow if enabled. After a
     ``parent`` prefix of ``offset`` tokens, it attends to the parent's leaves, and its keys and values hold
@@ -191,18 +196,21 @@ def prefix_forward(
 
     ``recompute``: the forward runs without a graph and again, with one, in :meth:`PrefixState.backward`
     — the prefix's activations are not held while every row below it runs (one more forward of its tokens).
+    ``two_part``: this prefix's forward after its parent, and every forward that continues it, attends in two
+    parts without a mask where the model allows (:func:`ctxrl.train.attention.prefix_attention`).
     """
     ids = torch.from_numpy(prefix_ids).to(device)
 
     def run() -> list[tuple[torch.Tensor, torch.Tensor]]:
         kwargs: dict[str, Any] = {} if parent is None else {"past_key_values": parent.cache(1)}
-        out = model(
-            input_ids=ids,
-            position_ids=torch.arange(offset, offset + ids.shape[1], device=device)[None],
-            use_cache=True,
-            logits_to_keep=torch.zeros(0, dtype=torch.long, device=device),
-            **kwargs,
-        )
+        with prefix_attention(model, enabled=two_part and parent is not None):
+            out = model(
+                input_ids=ids,
+                position_ids=torch.arange(offset, offset + ids.shape[1], device=device)[None],
+                use_cache=True,
+                logits_to_keep=torch.zeros(0, dtype=torch.long, device=device),
+                **kwargs,
+            )
         return _cache_pairs(out.past_key_values)
 
     grad = torch.is_grad_enabled()
@@ -215,7 +223,11 @@ def prefix_forward(
         kv = run()
     leaves = [(k.detach().requires_grad_(grad), v.detach().requires_grad_(grad)) for k, v in kv]
     return PrefixState(
-        kv=[] if redo is not None else kv, leaves=leaves, config=getattr(model, "config", None), redo=redo
+        kv=[] if redo is not None else kv,
+        leaves=leaves,
+        config=getattr(model, "config", None),
+        redo=redo,
+        two_part=two_part,
     )
 
 
@@ -228,26 +240,32 @@ def microbatch_logprobs(
     with_entropy: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprobs (and entropies) of ``mb`` at its loss positions, after ``prefix`` for a suffix batch."""
-    return token_logprobs(
-        model,
-        tensors["input_ids"],
-        tensors["position_ids"],
-        tensors.get("attention_mask"),
-        with_entropy=with_entropy,
-        loss_mask=tensors["loss_mask"],
-        past_key_values=None if prefix is None else prefix.cache(mb.input_ids.shape[0]),
-        right_padded=mb.kind != "packed",
-    )
+    two_part = prefix is not None and prefix.two_part and mb.kind != "packed"
+    with prefix_attention(model, enabled=two_part):
+        return token_logprobs(
+            model,
+            tensors["input_ids"],
+            tensors["position_ids"],
+            tensors.get("attention_mask"),
+            with_entropy=with_entropy,
+            loss_mask=tensors["loss_mask"],
+            past_key_values=None if prefix is None else prefix.cache(mb.input_ids.shape[0]),
+            right_padded=mb.kind != "packed",
+        )
 
 
 @torch.no_grad()
-def layout_logprobs(model: Any, units: Sequence[LayoutUnit], device: Any) -> list[list[torch.Tensor]]:
+def layout_logprobs(
+    model: Any, units: Sequence[LayoutUnit], device: Any, *, two_part: bool = True
+) -> list[list[torch.Tensor]]:
     """Logprobs at the loss positions of every microbatch of ``units``, without gradients (old or
-    reference logprobs), ``[unit][microbatch]``."""
+    reference logprobs), ``[unit][microbatch]``. ``two_part``: as :func:`prefix_forward`'s."""
 
     def visit(unit: LayoutUnit, parent: PrefixState | None, into: list[torch.Tensor]) -> None:
         prefix = (
-            prefix_forward(model, unit.prefix_ids, device, parent, unit.offset) if unit.prefix_len else parent
+            prefix_forward(model, unit.prefix_ids, device, parent, unit.offset, two_part=two_part)
+            if unit.prefix_len
+            else parent
         )
         for child in unit.children:
             visit(child, prefix, into)
@@ -295,6 +313,7 @@ def _backward_units(
     before_unit: Callable[[LayoutUnit], None] | None = None,
     with_entropy: bool = True,
     recompute_prefixes: bool = False,
+    two_part: bool = True,
 ) -> BackwardResult:
     """The loop every update runs: per unit its prefix once, its children (each after its own prefix, which
     attends to the parent's), each microbatch's forward, loss and backward, then the prefix's own backward —
@@ -309,7 +328,15 @@ def _backward_units(
     ) -> None:
         nonlocal stats
         own = (
-            prefix_forward(model, unit.prefix_ids, device, parent, unit.offset, recompute=recompute_prefixes)
+            prefix_forward(
+                model,
+                unit.prefix_ids,
+                device,
+                parent,
+                unit.offset,
+                recompute=recompute_prefixes,
+                two_part=two_part,
+            )
             if unit.prefix_len
             else None
         )
@@ -353,6 +380,7 @@ def backward_layout(
     backward: Callable[[torch.Tensor], None] | None = None,
     sync: Callable[[bool], contextlib.AbstractContextManager[Any]] = _no_context,
     recompute_prefixes: bool = False,
+    two_part: bool = True,
 ) -> BackwardResult:
     """The policy-gradient update: forward, :func:`ctxrl.train.loss.policy_loss` and backward over every
     microbatch of ``units``; gradients accumulate in ``model``.
@@ -364,7 +392,8 @@ def backward_layout(
     ``backward(loss)`` runs a backward (default ``loss.backward()``; pass ``accelerator.backward``);
     ``sync(last)`` is the context of each pass (see the module docstring). ``recompute_prefixes``: each
     shared prefix's forward runs again in its backward instead of holding its graph
-    (``train.recompute_prefixes``, :func:`prefix_forward`).
+    (``train.recompute_prefixes``, :func:`prefix_forward`). ``two_part``: suffixes attend to their prefix
+    in two parts without a mask where the model allows (``train.two_part_attention``, :func:`prefix_forward`).
     """
     refs: list[torch.Tensor] | None = None
 
@@ -397,6 +426,7 @@ def backward_layout(
         sync=sync,
         before_unit=take_reference,
         recompute_prefixes=recompute_prefixes,
+        two_part=two_part,
     )
 
 
@@ -480,7 +510,7 @@ def grpo_update(
         for part in split_by_episode(rows, config.updates_per_rollout)
     ]
     olds = (
-        [layout_logprobs(model, units, acc.device) for units in layouts]
+        [layout_logprobs(model, units, acc.device, two_part=config.two_part_attention) for units in layouts]
         if config.updates_per_rollout > 1
         else None
     )
@@ -505,6 +535,7 @@ def grpo_update(
             backward=acc.backward,
             sync=lambda last: sync_context(acc, model, last),
             recompute_prefixes=config.recompute_prefixes,
+            two_part=config.two_part_attention,
         )
         result.stats += out.stats
         result.entropy_sum += out.entropy_sum
