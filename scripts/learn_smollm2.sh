@@ -23,7 +23,7 @@
 #   test_start, test_grpo, test_w0, test_act, compare_test, compare_test_act   the final table: the start and
 #               the three arms' last checkpoints on HELDOUT tasks of the untouched test split
 #               (KEEP/summary_test.json, KEEP/summary_test_actions.json)
-#   grpo_rank_mid, eval_rank_mid, grpo_rank, eval_rank, compare_rank, test_rank, compare_test_rank   a fourth
+#   grpo_rank_mid, eval_rank_mid, grpo_rank, test_rank, compare_test_rank, eval_rank, compare_rank   a fourth
 #               arm, the third one with the efficiency advantage as a cost rank among the group's successes
 #               (advantages.efficiency=rank: cheapest +1, dearest -1) instead of the relative cost difference:
 #               KEEP/summary_rank.json and KEEP/summary_test_rank.json against the start and the third arm,
@@ -194,8 +194,8 @@ stage compare_test_act "$CTXRL" compare "$KEEP/test_start" "$KEEP/test_act" "$KE
 stage grpo_rank_mid arm grpo_rank "$MID" advantages.efficiency_tokens=actions advantages.efficiency=rank "$@"
 stage eval_rank_mid evaluate_run eval_rank_mid grpo_rank "$MID" 32
 stage grpo_rank arm grpo_rank "$STEPS" advantages.efficiency_tokens=actions advantages.efficiency=rank "$@"
-stage eval_rank evaluate_run eval_rank grpo_rank "$STEPS" "$HELDOUT"
-stage compare_rank "$CTXRL" compare "$KEEP/eval_$([ "$START" = sft ] && echo sft || echo ei)" "$KEEP/eval_rank" "$KEEP/eval_act" --out "$KEEP/summary_rank.json"
 stage test_rank evaluate_run test_rank grpo_rank "$STEPS" "$HELDOUT" eval.split=test
 stage compare_test_rank "$CTXRL" compare "$KEEP/test_start" "$KEEP/test_rank" "$KEEP/test_act" --out "$KEEP/summary_test_rank.json"
+stage eval_rank evaluate_run eval_rank grpo_rank "$STEPS" "$HELDOUT"
+stage compare_rank "$CTXRL" compare "$KEEP/eval_$([ "$START" = sft ] && echo sft || echo ei)" "$KEEP/eval_rank" "$KEEP/eval_act" --out "$KEEP/summary_rank.json"
 echo "== done: $KEEP/summary.json; stage times (s) in $KEEP/times.tsv"
