@@ -148,7 +148,7 @@ class PrefixState:
     """Set when the forward ran without a graph (``recompute``): runs it again with one, for the backward."""
     two_part: bool = False
     """Forwards that continue this prefix attend to it in two parts, without a mask
-    (:mod:`ctxrl.train.attention`; ``train.prefix_attention``)."""
+    (:mod:`ctxrl.train.attention`; ``train.two_part_attention``)."""
 
     def cache(self, batch: int) -> Any:
         """A transformers cache holding the prefix once per line of a ``batch``-line microbatch (views)."""
