@@ -13,8 +13,9 @@ SmolLM2-135M's geometry (9 query heads of 64 over 3 key-value heads), forward an
 - ``mask``: the dense offset-causal mask, as the update runs it;
 - ``nomask``: the same pairs without a mask (not the same numbers: a floor for what any kernel that reads
   no mask could reach on all the pairs);
-- ``twopart``: prefix keys without a mask plus the suffix block with SDPA's causal flag — the work of a
-  two-part attention merged by log-sum-exp, without the merge (a floor for that design).
+- ``twopart``: :func:`ctxrl.train.attention.two_part_attention` on the same keys and values, as the update
+  runs it with ``train.two_part_attention`` (prefix without a mask, the suffix block causal, merged by
+  log-sum-exp).
 
 and prints milliseconds per layer (median of REPEATS after one warm-up) and each against ``mask``. The
 estimated attention share of a whole forward at these lengths is printed beside it, so the ratio can be read
@@ -30,6 +31,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+
+from ctxrl.train.attention import two_part_attention
 
 HEADS, KV_HEADS, HEAD_DIM, HIDDEN, LAYERS = 9, 3, 64, 576, 30
 """SmolLM2-135M's attention geometry."""
@@ -80,9 +83,8 @@ def variants(prefix: int, suffix: int, batch: int) -> dict[str, Callable[[], tor
         return F.scaled_dot_product_attention(q, k, v)
 
     def two_part() -> torch.Tensor:
-        on_prefix = F.scaled_dot_product_attention(q, _heads(kp, batch), _heads(vp, batch))
-        on_suffix = F.scaled_dot_product_attention(q, _heads(ks, batch), _heads(vs, batch), is_causal=True)
-        return on_prefix + on_suffix
+        k, v = full_kv()
+        return two_part_attention(q, k, v)
 
     return {"mask": masked, "nomask": unmasked, "twopart": two_part}
 

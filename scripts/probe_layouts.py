@@ -14,8 +14,8 @@ sets them, so every row carries advantages) in each layout, timed after one unti
 torch's profiler: seconds, tokens, estimated GFLOP and the ops that took the time.
 
 LAYOUTS: a comma list of shared, packed, padded (``ctxrl.train.update.backward_layout``, LM head at loss
-positions), masked (shared, with the rows attending to their prefix through the dense mask transformers builds
-instead of the two-part attention: ``train.two_part_attention=false``) and legacy (packed lines, LM head and
+positions; shared with the two-part attention, ``train.two_part_attention=true``), masked (shared, with the
+rows attending to their prefix through the dense mask transformers builds: the default) and legacy (packed lines, LM head and
 log-softmax at every position: the update before shared prefixes). LoRA r=16 as configs/train_smollm2.yaml, 4,096-token microbatches, torch's default threads. The first
 layout timed also pays the process's warm-up: list one twice to see it. Prints tokens, estimated GFLOP and
 seconds per layout; used for docs/train_throughput.md.

@@ -5,9 +5,8 @@
 
 In the shared-prefix layout (:mod:`ctxrl.train.update`) a batch of right-padded suffix lines continues a prefix
 of ``P`` cached tokens. Given queries of ``S`` tokens and keys of ``P + S``, transformers builds a dense
-``(S, P + S)`` mask for SDPA (every prefix key visible, the suffix block causal), and SDPA's CPU kernel with a
-mask is much slower per query-key pair than without one (``scripts/probe_attention.py``). The same attention
-is exactly two unmasked pieces:
+``(S, P + S)`` mask for SDPA (every prefix key visible, the suffix block causal). The same attention is
+exactly two unmasked pieces, which skip the mask, its construction and the per-line copies of the prefix:
 
 - every suffix query against the prefix's keys, with no mask — all lines' queries in one batch against the
   one copy of the prefix;
@@ -20,7 +19,9 @@ against the masked path within 1e-5).
 
 It runs on the CPU flash-attention kernel (``aten._scaled_dot_product_flash_attention_for_cpu``, which returns
 the log-sum-exp); on other devices, or under a model whose layers use sliding windows, :func:`prefix_attention`
-leaves the model's own attention in place. Right padding needs no mask: a real token's keys all come before any
+leaves the model's own attention in place. Opt-in (``train.two_part_attention``): on this project's 2-core
+CPU it was not measurably faster than the masked path (``scripts/probe_attention.py``, docs/train_throughput.md).
+Right padding needs no mask: a real token's keys all come before any
 pad, and pads carry no loss.
 """
 

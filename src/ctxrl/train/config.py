@@ -100,10 +100,11 @@ class TrainConfig:
     prefix's activations wait in memory while the rows below it run (one more forward of the prefix tokens;
     the gradients are the same). On a recorded SmolLM2 group of 8 it lowered the update's peak memory from
     17.75 to 15.44 GB at no measured cost in time (docs/train_throughput.md)."""
-    two_part_attention: bool = True
+    two_part_attention: bool = False
     """Shared layout on the CPU: rows attend to their shared prefix in two parts merged by log-sum-exp (the
     prefix without a mask, their own tokens causal) instead of through the dense mask transformers builds
-    (:mod:`ctxrl.train.attention`; the same loss and gradients within float rounding). False keeps the mask."""
+    (:mod:`ctxrl.train.attention`; the same loss and gradients within float rounding). Off by default: on
+    six SmolLM2 rows it was not reliably faster (docs/train_throughput.md, "Two-part attention")."""
     lora: LoraSettings = field(default_factory=LoraSettings)
     """LoRA adapter settings."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"

@@ -52,7 +52,7 @@ def geometry(model: Any) -> ModelGeometry | None:
 
 
 def reference_logprobs(
-    policy: Any, reference: Any, unit: LayoutUnit, device: Any, *, two_part: bool = True
+    policy: Any, reference: Any, unit: LayoutUnit, device: Any, *, two_part: bool = False
 ) -> list[torch.Tensor]:
     """Logprobs under the reference: the frozen initial model, or with LoRA the base with the adapter off."""
     if reference is not None:

@@ -188,7 +188,7 @@ def prefix_forward(
     offset: int = 0,
     *,
     recompute: bool = False,
-    two_part: bool = True,
+    two_part: bool = False,
 ) -> PrefixState:
     """Run ``prefix_ids`` ``(1, P)`` once with the cache on (no logits); gradients flow if enabled. After a
     ``parent`` prefix of ``offset`` tokens, it attends to the parent's leaves, and its keys and values hold
@@ -256,7 +256,7 @@ def microbatch_logprobs(
 
 @torch.no_grad()
 def layout_logprobs(
-    model: Any, units: Sequence[LayoutUnit], device: Any, *, two_part: bool = True
+    model: Any, units: Sequence[LayoutUnit], device: Any, *, two_part: bool = False
 ) -> list[list[torch.Tensor]]:
     """Logprobs at the loss positions of every microbatch of ``units``, without gradients (old or
     reference logprobs), ``[unit][microbatch]``. ``two_part``: as :func:`prefix_forward`'s."""
@@ -313,7 +313,7 @@ def _backward_units(
     before_unit: Callable[[LayoutUnit], None] | None = None,
     with_entropy: bool = True,
     recompute_prefixes: bool = False,
-    two_part: bool = True,
+    two_part: bool = False,
 ) -> BackwardResult:
     """The loop every update runs: per unit its prefix once, its children (each after its own prefix, which
     attends to the parent's), each microbatch's forward, loss and backward, then the prefix's own backward —
@@ -380,7 +380,7 @@ def backward_layout(
     backward: Callable[[torch.Tensor], None] | None = None,
     sync: Callable[[bool], contextlib.AbstractContextManager[Any]] = _no_context,
     recompute_prefixes: bool = False,
-    two_part: bool = True,
+    two_part: bool = False,
 ) -> BackwardResult:
     """The policy-gradient update: forward, :func:`ctxrl.train.loss.policy_loss` and backward over every
     microbatch of ``units``; gradients accumulate in ``model``.
