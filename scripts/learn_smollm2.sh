@@ -28,6 +28,9 @@
 #               (advantages.efficiency=rank: cheapest +1, dearest -1) instead of the relative cost difference:
 #               KEEP/summary_rank.json and KEEP/summary_test_rank.json against the start and the third arm,
 #               on the dev and the test tasks
+#   grpo_lr_mid, eval_lr_mid, grpo_lr, test_lr, compare_test_lr, eval_lr, compare_lr   a fifth arm, the third one
+#               at four times its learning rate (train.lr=2e-4): KEEP/summary_lr.json and KEEP/summary_test_lr.json
+#               against the start and the third arm, on the dev and the test tasks
 # Sizes: HELDOUT, MID, STEPS (environment). KEY=VALUE arguments go to both GRPO arms (e.g. train.lr=1e-4).
 #
 # Across sessions. OUT holds the working files (demonstrations, merged models, full checkpoints); KEEP (default
@@ -198,4 +201,11 @@ stage test_rank evaluate_run test_rank grpo_rank "$STEPS" "$HELDOUT" eval.split=
 stage compare_test_rank "$CTXRL" compare "$KEEP/test_start" "$KEEP/test_rank" "$KEEP/test_act" --out "$KEEP/summary_test_rank.json"
 stage eval_rank evaluate_run eval_rank grpo_rank "$STEPS" "$HELDOUT"
 stage compare_rank "$CTXRL" compare "$KEEP/eval_$([ "$START" = sft ] && echo sft || echo ei)" "$KEEP/eval_rank" "$KEEP/eval_act" --out "$KEEP/summary_rank.json"
+stage grpo_lr_mid arm grpo_lr "$MID" advantages.efficiency_tokens=actions train.lr=2e-4 "$@"
+stage eval_lr_mid evaluate_run eval_lr_mid grpo_lr "$MID" 32
+stage grpo_lr arm grpo_lr "$STEPS" advantages.efficiency_tokens=actions train.lr=2e-4 "$@"
+stage test_lr evaluate_run test_lr grpo_lr "$STEPS" "$HELDOUT" eval.split=test
+stage compare_test_lr "$CTXRL" compare "$KEEP/test_start" "$KEEP/test_lr" "$KEEP/test_act" --out "$KEEP/summary_test_lr.json"
+stage eval_lr evaluate_run eval_lr grpo_lr "$STEPS" "$HELDOUT"
+stage compare_lr "$CTXRL" compare "$KEEP/eval_$([ "$START" = sft ] && echo sft || echo ei)" "$KEEP/eval_lr" "$KEEP/eval_act" --out "$KEEP/summary_lr.json"
 echo "== done: $KEEP/summary.json; stage times (s) in $KEEP/times.tsv"
