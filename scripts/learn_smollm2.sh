@@ -31,6 +31,9 @@
 #   grpo_lr_mid, eval_lr_mid, grpo_lr, test_lr, compare_test_lr, eval_lr, compare_lr   a fifth arm, the third one
 #               at four times its learning rate (train.lr=2e-4): KEEP/summary_lr.json and KEEP/summary_test_lr.json
 #               against the start and the third arm, on the dev and the test tasks
+#   grpo_lr_w0_mid, eval_lr_w0_mid, grpo_lr_w0, test_lr_w0, compare_test_lr_w0, eval_lr_w0, compare_lr_w0   the
+#               fifth arm's ablation: the same at w_eff = 0 (KEEP/summary_lr_w0.json, KEEP/summary_test_lr_w0.json:
+#               the start, the fifth arm and this one)
 # Sizes: HELDOUT, MID, STEPS (environment). KEY=VALUE arguments go to both GRPO arms (e.g. train.lr=1e-4).
 #
 # Across sessions. OUT holds the working files (demonstrations, merged models, full checkpoints); KEEP (default
@@ -206,6 +209,14 @@ stage eval_lr_mid evaluate_run eval_lr_mid grpo_lr "$MID" 32
 stage grpo_lr arm grpo_lr "$STEPS" advantages.efficiency_tokens=actions train.lr=2e-4 "$@"
 stage test_lr evaluate_run test_lr grpo_lr "$STEPS" "$HELDOUT" eval.split=test
 stage compare_test_lr "$CTXRL" compare "$KEEP/test_start" "$KEEP/test_lr" "$KEEP/test_act" --out "$KEEP/summary_test_lr.json"
+LR_W0=(advantages.w_eff=0 advantages.efficiency_tokens=actions train.lr=2e-4)
+stage grpo_lr_w0_mid arm grpo_lr_w0 "$MID" "${LR_W0[@]}" "$@"
+stage eval_lr_w0_mid evaluate_run eval_lr_w0_mid grpo_lr_w0 "$MID" 32
 stage eval_lr evaluate_run eval_lr grpo_lr "$STEPS" "$HELDOUT"
 stage compare_lr "$CTXRL" compare "$KEEP/eval_$([ "$START" = sft ] && echo sft || echo ei)" "$KEEP/eval_lr" "$KEEP/eval_act" --out "$KEEP/summary_lr.json"
+stage grpo_lr_w0 arm grpo_lr_w0 "$STEPS" "${LR_W0[@]}" "$@"
+stage test_lr_w0 evaluate_run test_lr_w0 grpo_lr_w0 "$STEPS" "$HELDOUT" eval.split=test
+stage compare_test_lr_w0 "$CTXRL" compare "$KEEP/test_start" "$KEEP/test_lr" "$KEEP/test_lr_w0" --out "$KEEP/summary_test_lr_w0.json"
+stage eval_lr_w0 evaluate_run eval_lr_w0 grpo_lr_w0 "$STEPS" "$HELDOUT"
+stage compare_lr_w0 "$CTXRL" compare "$KEEP/eval_$([ "$START" = sft ] && echo sft || echo ei)" "$KEEP/eval_lr" "$KEEP/eval_lr_w0" --out "$KEEP/summary_lr_w0.json"
 echo "== done: $KEEP/summary.json; stage times (s) in $KEEP/times.tsv"
