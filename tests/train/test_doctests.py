@@ -7,7 +7,13 @@ import importlib
 
 import pytest
 
-MODULES = ["ctxrl.train.rows", "ctxrl.train.loss", "ctxrl.train.sft", "ctxrl.train.attention"]
+MODULES = [
+    "ctxrl.train.rows",
+    "ctxrl.train.loss",
+    "ctxrl.train.sft",
+    "ctxrl.train.attention",
+    "ctxrl.train.config",
+]
 
 
 @pytest.mark.parametrize("name", MODULES)

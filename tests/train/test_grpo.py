@@ -156,10 +156,21 @@ def test_resumed_run_repeats_the_uninterrupted_one(
     tiny_model_dir: Path, tiny_tokenizer: Any, tmp_path: Path
 ) -> None:
     whole_engine = TwoStyleEngine(tiny_tokenizer)
-    # two-step episodes (no edit yet) keep this test's four updates short
-    whole = run(tiny_model_dir, tmp_path / "a", whole_engine, tiny_tokenizer, max_steps=2, steps=2)
+    # two-step episodes (no edit yet) keep this test's four updates short; a linear decay over 4 rounds, which
+    # the resumed part must take up at its second rate (the optimiser state it loads holds the first)
+    decay = {"lr_schedule": "linear", "lr_schedule_steps": 4}
+    whole = run(tiny_model_dir, tmp_path / "a", whole_engine, tiny_tokenizer, max_steps=2, steps=2, **decay)
+    assert [m["train/lr"] for m in whole.metrics] == [1e-3, 7.5e-4]
     # "killed" after step 1: a run of 1 step, then resumed to 2
-    run(tiny_model_dir, tmp_path / "b", TwoStyleEngine(tiny_tokenizer), tiny_tokenizer, max_steps=2, steps=1)
+    run(
+        tiny_model_dir,
+        tmp_path / "b",
+        TwoStyleEngine(tiny_tokenizer),
+        tiny_tokenizer,
+        max_steps=2,
+        steps=1,
+        **decay,
+    )
     # a kill in the middle of writing step 2's checkpoint leaves its temporary folder, half written; `latest`
     # still names step 1, and the resume neither reads nor trips over the debris
     debris = tmp_path / "b" / "checkpoints" / ".step-000002.tmp"
@@ -167,11 +178,26 @@ def test_resumed_run_repeats_the_uninterrupted_one(
     (debris / "trainable.pt").write_bytes(b"half a tensor")
     resumed_engine = TwoStyleEngine(tiny_tokenizer)
     resumed = run(
-        tiny_model_dir, tmp_path / "b", resumed_engine, tiny_tokenizer, max_steps=2, steps=2, resume=True
+        tiny_model_dir,
+        tmp_path / "b",
+        resumed_engine,
+        tiny_tokenizer,
+        max_steps=2,
+        steps=2,
+        resume=True,
+        **decay,
     )
     assert (resumed.first_step, len(resumed.metrics)) == (1, 1)
     a, b = whole.metrics[1], resumed.metrics[0]
-    for key in ("loss/loss", "loss/kl", "loss/ratio_mean", "loss/tis_mean", "loss/grad_norm", "reward/mean"):
+    for key in (
+        "loss/loss",
+        "loss/kl",
+        "loss/ratio_mean",
+        "loss/tis_mean",
+        "loss/grad_norm",
+        "reward/mean",
+        "train/lr",
+    ):
         assert a[key] == b[key], key
     # the resumed engine got the checkpoint's weights first, then step 2's, equal to the whole run's
     assert len(resumed_engine.synced) == 2
@@ -179,10 +205,15 @@ def test_resumed_run_repeats_the_uninterrupted_one(
         assert torch.equal(v, resumed_engine.synced[-1][k]), k
     # and the optimiser state was restored, not restarted: after step 2 both runs hold the same Adam moments
     # and step counts (an on-policy loss would be equal without them; these would not)
-    states = [
-        torch.load(tmp_path / r / "checkpoints" / "step-000002" / "optimizer.pt", weights_only=False)["state"]
+    saved = [
+        torch.load(tmp_path / r / "checkpoints" / "step-000002" / "optimizer.pt", weights_only=False)
         for r in ("a", "b")
     ]
+    assert [group["lr"] for s in saved for group in s["param_groups"]] == [
+        7.5e-4,
+        7.5e-4,
+    ]  # the rate it stepped at
+    states = [s["state"] for s in saved]
     assert states[0].keys() == states[1].keys() and states[0]
     for i, st in states[0].items():
         for name, value in st.items():

@@ -36,6 +36,19 @@ def test_the_train_section_loads_from_yaml_with_overrides(tmp_path: Path) -> Non
     assert cfg.loss.kl_coef == 0.01
 
 
+def test_the_learning_rate_schedule_warms_up_decays_and_holds_its_last_rate() -> None:
+    assert {TrainConfig(steps=3, lr=2.0).lr_at(k) for k in range(5)} == {2.0}  # constant
+    linear = TrainConfig(steps=20, lr=1.0, lr_schedule="linear", warmup_steps=2, lr_schedule_steps=6)
+    rates = [linear.lr_at(k) for k in range(10)]
+    assert rates[:2] == [0.5, 1.0]  # warm-up: round k of W runs at lr * (k + 1) / W
+    assert rates[2:6] == pytest.approx([1.0, 0.75, 0.5, 0.25])  # 4 decay rounds, never a round at zero
+    assert rates[6:] == pytest.approx([0.25] * 4)  # past the horizon: its last rate
+    cosine = TrainConfig(steps=4, lr=1.0, lr_schedule="cosine")  # horizon: the run's steps
+    assert [cosine.lr_at(k) for k in range(4)] == pytest.approx([1.0, 0.853553, 0.5, 0.146447], abs=1e-6)
+    # the rate of a round depends on its index only, so a run stopped at 2 and resumed to 4 repeats it
+    assert TrainConfig(steps=2, lr=1.0, lr_schedule="cosine", lr_schedule_steps=4).lr_at(1) == cosine.lr_at(1)
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [
@@ -49,6 +62,9 @@ def test_the_train_section_loads_from_yaml_with_overrides(tmp_path: Path) -> Non
         ("train.learning_rate=1e-5", "unknown config key 'train.learning_rate'"),
         ("train.kl_coeff=0.1", "did you mean 'loss.kl_coef'"),
         ("train.w_eff=0.1", "unknown config key 'train.w_eff'"),  # it lives in advantages
+        ("train.lr_schedule=step", "train.lr_schedule must be one of 'constant', 'linear', 'cosine'"),
+        ("train.warmup_steps=-1", "warmup_steps must be >= 0"),
+        ("train.lr_schedule_steps=0", r"lr_schedule_steps \(0\) must be larger than warmup_steps"),
     ],
 )
 def test_bad_values_name_the_field(override: str, message: str) -> None:

@@ -14,6 +14,7 @@ reference forward pass and the penalties change what the task channel sees.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -77,7 +78,17 @@ class TrainConfig:
     """The clipped surrogate's clip range, the KL weight and the TIS cap."""
 
     lr: float = 1e-6
-    """AdamW learning rate."""
+    """AdamW learning rate (the peak, when ``lr_schedule`` decays it)."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """How the rate moves over the run's optimiser rounds after the warm-up: held at ``lr``, or decayed from
+    ``lr`` toward zero (linearly, or along a half cosine) over ``lr_schedule_steps``. The rate of a round
+    depends only on its index (:meth:`lr_at`), so a resumed run follows the same schedule."""
+    warmup_steps: int = 0
+    """Rounds at the start whose rate rises linearly to ``lr`` (round k of W: ``lr * k / W``)."""
+    lr_schedule_steps: int | None = None
+    """The rounds the decay spans; null: ``steps``. Set it when a run is stopped early and resumed with a
+    larger ``steps`` (as ``scripts/learn_smollm2.sh`` does at its mid point), so both parts follow one
+    schedule. Rounds past it run at the schedule's last rate."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     max_grad_norm: float | None = 1.0
@@ -128,6 +139,13 @@ class TrainConfig:
             raise ConfigError(f"steps must be >= 1, got {self.steps}")
         if self.lr <= 0:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.lr_schedule_steps is not None and self.lr_schedule_steps <= self.warmup_steps:
+            raise ConfigError(
+                f"lr_schedule_steps ({self.lr_schedule_steps}) must be larger than warmup_steps "
+                f"({self.warmup_steps}), or null for the run's steps"
+            )
         if self.weight_decay < 0:
             raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay}")
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
@@ -144,6 +162,27 @@ class TrainConfig:
             raise ConfigError(f"max_tokens_per_microbatch must be >= 2, got {self.max_tokens_per_microbatch}")
         if self.save_every < 0 or self.log_every < 1:
             raise ConfigError("save_every must be >= 0 and log_every >= 1")
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of optimiser round ``step`` (0-based): warm-up, then the schedule's decay.
+
+        >>> c = TrainConfig(steps=4, lr=1e-3, lr_schedule="linear")
+        >>> [round(c.lr_at(k), 6) for k in range(4)]
+        [0.001, 0.00075, 0.0005, 0.00025]
+        >>> c = TrainConfig(steps=5, lr=1e-3, lr_schedule="cosine", warmup_steps=2, lr_schedule_steps=4)
+        >>> [round(c.lr_at(k), 6) for k in range(5)]
+        [0.0005, 0.001, 0.001, 0.0005, 0.0005]
+        """
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        if self.lr_schedule == "constant":
+            return self.lr
+        horizon = self.lr_schedule_steps if self.lr_schedule_steps is not None else self.steps
+        span = max(horizon - self.warmup_steps, 1)
+        done = min(step - self.warmup_steps, span - 1) / span  # the last round of the span keeps lr / span
+        if self.lr_schedule == "linear":
+            return self.lr * (1.0 - done)
+        return self.lr * 0.5 * (1.0 + math.cos(math.pi * done))
 
     def credit_config(self, advantages: AdvantageConfig) -> CreditConfig:
         """The credit settings: the run's ``advantages`` with this section's ``reward``."""

@@ -222,6 +222,9 @@ def train(
 
         # ---- 4. update: packed microbatches, token-mean loss, clipped optimiser step(s) ------------------
         model.train()
+        lr = config.lr_at(step)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
         t1 = time.perf_counter()
         update = grpo_update(
             acc,
@@ -251,6 +254,7 @@ def train(
         # ---- 6. log -------------------------------------------------------------------------------------
         times = {"rollout": rollout_s, "train": train_s, "sync": sync_s, "step": time.perf_counter() - t0}
         metrics = step_metrics(acc, step + 1, graded_now, episodes, credit, rows, update, result.stats, times)
+        metrics["train/lr"] = lr
         history.append(metrics)
         if acc.is_main_process:
             with metrics_path.open("a", encoding="utf-8") as handle:
