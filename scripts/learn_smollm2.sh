@@ -204,12 +204,13 @@ stage test_rank evaluate_run test_rank grpo_rank "$STEPS" "$HELDOUT" eval.split=
 stage compare_test_rank "$CTXRL" compare "$KEEP/test_start" "$KEEP/test_rank" "$KEEP/test_act" --out "$KEEP/summary_test_rank.json"
 stage eval_rank evaluate_run eval_rank grpo_rank "$STEPS" "$HELDOUT"
 stage compare_rank "$CTXRL" compare "$KEEP/eval_$([ "$START" = sft ] && echo sft || echo ei)" "$KEEP/eval_rank" "$KEEP/eval_act" --out "$KEEP/summary_rank.json"
-stage grpo_lr_mid arm grpo_lr "$MID" advantages.efficiency_tokens=actions train.lr=2e-4 "$@"
+LR=(advantages.efficiency_tokens=actions train.lr=2e-4)
+LR_W0=("${LR[@]}" advantages.w_eff=0)
+stage grpo_lr_mid arm grpo_lr "$MID" "${LR[@]}" "$@"
 stage eval_lr_mid evaluate_run eval_lr_mid grpo_lr "$MID" 32
-stage grpo_lr arm grpo_lr "$STEPS" advantages.efficiency_tokens=actions train.lr=2e-4 "$@"
+stage grpo_lr arm grpo_lr "$STEPS" "${LR[@]}" "$@"
 stage test_lr evaluate_run test_lr grpo_lr "$STEPS" "$HELDOUT" eval.split=test
 stage compare_test_lr "$CTXRL" compare "$KEEP/test_start" "$KEEP/test_lr" "$KEEP/test_act" --out "$KEEP/summary_test_lr.json"
-LR_W0=(advantages.w_eff=0 advantages.efficiency_tokens=actions train.lr=2e-4)
 stage grpo_lr_w0_mid arm grpo_lr_w0 "$MID" "${LR_W0[@]}" "$@"
 stage eval_lr_w0_mid evaluate_run eval_lr_w0_mid grpo_lr_w0 "$MID" 32
 stage eval_lr evaluate_run eval_lr grpo_lr "$STEPS" "$HELDOUT"

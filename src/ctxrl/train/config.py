@@ -179,7 +179,8 @@ class TrainConfig:
             return self.lr
         horizon = self.lr_schedule_steps if self.lr_schedule_steps is not None else self.steps
         span = max(horizon - self.warmup_steps, 1)
-        done = min(step - self.warmup_steps, span - 1) / span  # the last round of the span keeps lr / span
+        # past the span's last round, the rate stays at that round's: the lowest, above 0
+        done = min(step - self.warmup_steps, span - 1) / span
         if self.lr_schedule == "linear":
             return self.lr * (1.0 - done)
         return self.lr * 0.5 * (1.0 + math.cos(math.pi * done))
