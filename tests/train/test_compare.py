@@ -14,13 +14,23 @@ from ctxrl.errors import UsageError
 from ctxrl.train.compare import compare, load_outcomes, mcnemar_p
 
 
-def _eval(folder: Path, label: str, wins: list[bool], flops: list[float], level: str = "small") -> Path:
-    """An eval folder as ``ctxrl eval --out`` writes it, one row of episodes on tasks t0, t1, ..."""
+def _eval(
+    folder: Path,
+    label: str,
+    wins: list[bool],
+    flops: list[float],
+    level: str = "small",
+    extra: list[dict[str, object]] | None = None,
+) -> Path:
+    """An eval folder as ``ctxrl eval --out`` writes it, one row of episodes on tasks t0, t1, ... (``extra``:
+    more fields of each episode's record)"""
     folder.mkdir(parents=True)
     episodes = [
         {"task_id": f"retention:{level}:{i}", "success": w, "cost_flops": f}
         for i, (w, f) in enumerate(zip(wins, flops, strict=True))
     ]
+    for record, more in zip(episodes, extra or [], strict=False):
+        record.update(more)
     record = {"config": {"difficulty": level}, "summary": {}, "episodes": {label: episodes}}
     (folder / "eval.json").write_text(json.dumps(record))
     return folder
@@ -67,6 +77,39 @@ def test_a_trained_policy_that_solves_more_for_less(tmp_path: Path) -> None:
         < out["sft_cost_per_success"]
         < out["cost_per_success_ci"]["sft"][1]
     )
+
+
+def test_the_episode_shape_counts_what_each_policy_did(tmp_path: Path) -> None:
+    # the start edits in every episode; the trained policy stops editing in three of four, two of them solved
+    start = [{"steps": 4, "prompt_tokens": 4000, "edits": 1, "reason": "submit"}] * 4
+    trained = [
+        {"steps": 3, "prompt_tokens": 3000, "edits": 0, "reason": "submit"},
+        {"steps": 3, "prompt_tokens": 3000, "edits": 0, "reason": "submit"},
+        {"steps": 8, "prompt_tokens": 9000, "edits": 0, "reason": "max_steps"},
+        {"steps": 4, "prompt_tokens": 5000, "edits": 2, "reason": "submit"},
+    ]
+    s = load_outcomes(_eval(tmp_path / "s", "file", [True, False, False, True], [1e11] * 4, extra=start))
+    t = load_outcomes(_eval(tmp_path / "t", "file", [True, True, False, False], [1e11] * 4, extra=trained))
+    shape = compare(s, t)["shape"]
+    assert shape["sft"] == {
+        "steps_per_episode": 4.0,
+        "prompt_tokens_per_episode": 4000.0,
+        "edits_per_episode": 1.0,
+        "no_edit_episodes": 0,
+        "no_edit_solved": 0,
+        "max_steps_episodes": 0,
+    }
+    assert shape["grpo"] == {
+        "steps_per_episode": 4.5,
+        "prompt_tokens_per_episode": 5000.0,
+        "edits_per_episode": 0.5,
+        "no_edit_episodes": 3,
+        "no_edit_solved": 2,
+        "max_steps_episodes": 1,
+    }
+    # an eval that did not record the fields: the figures are unknown, not zero
+    bare = load_outcomes(_eval(tmp_path / "b", "file", [True] * 4, [1e11] * 4))
+    assert set(compare(bare, bare)["shape"]["grpo"].values()) == {None}
 
 
 def test_nothing_solved_is_undefined_not_zero(tmp_path: Path) -> None:

@@ -12,6 +12,9 @@ the third the ablation arm (GRPO, ``w_eff = 0``). Episodes are paired by task id
 - **Compute per success** (GFLOP): all of a policy's compute over its successes (None when it solved none),
   with a 95 % paired bootstrap interval over tasks (2,000 resamples, seeded) and the trained/start ratio
   with its interval from the same resamples.
+- **Episode shape** (``shape``, per arm): steps, prompt tokens and notes edits an episode, how many episodes
+  made no edit and how many of those succeeded, and how many ended at ``max_steps``: what the policy does, beside
+  what it scores (a field the eval did not record is None).
 - **The ablation** (with a third folder): the trained arm against it, paired the same way
   (``grpo_vs_w0_success_diff`` with its interval and p-value; ``grpo_over_w0_cost_per_success`` with its
   bootstrap interval): how much of the change the efficiency channel causes.
@@ -22,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +37,13 @@ SEED = 0
 
 @dataclass(frozen=True)
 class Outcomes:
-    """One policy's held-out episodes, by task id: success and compute (FLOPs)."""
+    """One policy's held-out episodes, by task id: success, compute (FLOPs) and the whole episode record."""
 
     label: str
     level: str
     success: dict[str, bool]
     flops: dict[str, float]
+    episodes: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def load_outcomes(folder: str | Path) -> Outcomes:
@@ -58,7 +62,31 @@ def load_outcomes(folder: str | Path) -> Outcomes:
         level=str(record.get("config", {}).get("difficulty", "")),
         success={e["task_id"]: bool(e["success"]) for e in episodes},
         flops={e["task_id"]: float(e["cost_flops"]) for e in episodes},
+        episodes={e["task_id"]: e for e in episodes},
     )
+
+
+def episode_shape(outcomes: Outcomes, tasks: list[str]) -> dict[str, Any]:
+    """What ``outcomes``' episodes on ``tasks`` did: means of steps, prompt tokens and edits, the episodes
+    without an edit (and how many of them succeeded), and those that ran out of steps. A figure whose field
+    some episode lacks is None."""
+    records = [outcomes.episodes.get(t, {}) for t in tasks]
+
+    def mean(key: str) -> float | None:
+        values = [r[key] for r in records if key in r]
+        return sum(values) / len(values) if values and len(values) == len(records) else None
+
+    have_edits = bool(records) and all("edits" in r for r in records)
+    no_edit = [t for t, r in zip(tasks, records, strict=True) if have_edits and r["edits"] == 0]
+    have_reason = bool(records) and all("reason" in r for r in records)
+    return {
+        "steps_per_episode": mean("steps"),
+        "prompt_tokens_per_episode": mean("prompt_tokens"),
+        "edits_per_episode": mean("edits"),
+        "no_edit_episodes": len(no_edit) if have_edits else None,
+        "no_edit_solved": sum(outcomes.success[t] for t in no_edit) if have_edits else None,
+        "max_steps_episodes": sum(r["reason"] == "max_steps" for r in records) if have_reason else None,
+    }
 
 
 def per_success(outcomes: Outcomes, tasks: list[str]) -> float | None:
@@ -127,6 +155,7 @@ def compare(start: Outcomes, trained: Outcomes, ablation: Outcomes | None = None
         "success_diff_ci_high": high,
         "success_diff_p": p,
         "cost_per_success_ci": {k: _interval(boot[k]) for k in keys},
+        "shape": {k: episode_shape(a, tasks) for k, a in zip(keys, arms, strict=True)},
         "grpo_over_sft_cost_per_success": None,
         "grpo_over_sft_cost_per_success_ci": _interval(ratio),
         "unit": "GFLOP",
