@@ -34,12 +34,13 @@
 #   grpo_lr_w0_mid, eval_lr_w0_mid, grpo_lr_w0, test_lr_w0, compare_test_lr_w0, eval_lr_w0, compare_lr_w0   the
 #               fifth arm's ablation: the same at w_eff = 0 (KEEP/summary_lr_w0.json, KEEP/summary_test_lr_w0.json:
 #               the start, the fifth arm and this one)
-#   grpo_lrd_mid, eval_lrd_mid, grpo_lrd, test_lrd, compare_test_lrd, eval_lrd, compare_lrd   a sixth arm, the
+#   grpo_lrd_mid, eval_lrd_mid, grpo_lrd, test_lrd, compare_test_lrd, eval_lrd (compare_lrd below)   a sixth arm, the
 #               fifth one with its rate decaying linearly to 1e-5 over the STEPS rounds (train.lr_schedule=linear):
 #               KEEP/summary_test_lrd.json and KEEP/summary_lrd.json against the start and the fifth arm. It runs
 #               between the twin's step 10 and the twin's later stages, which go on in the order eval_lr_w0_mid,
-#               grpo_lr_w0, test_lr_w0, compare_test_lr_w0, eval_lr, compare_lr, eval_lr_w0, compare_lr_w0 (a kept
-#               run holds its latest checkpoint only, so a step-MID evaluation comes before the resume past it)
+#               grpo_lr_w0, test_lr_w0, compare_test_lr_w0, eval_lr, compare_lr, compare_lrd (it needs eval_lr),
+#               eval_lr_w0, compare_lr_w0 (a kept run holds its latest checkpoint only, so a step-MID evaluation
+#               comes before the resume past it)
 # Sizes: HELDOUT, MID, STEPS (environment). KEY=VALUE arguments go to both GRPO arms (e.g. train.lr=1e-4).
 #
 # Across sessions. OUT holds the working files (demonstrations, merged models, full checkpoints); KEEP (default
@@ -228,13 +229,13 @@ stage grpo_lrd arm grpo_lrd "$STEPS" "${LRD[@]}" "$@"
 stage test_lrd evaluate_run test_lrd grpo_lrd "$STEPS" "$HELDOUT" eval.split=test
 stage compare_test_lrd "$CTXRL" compare "$KEEP/test_start" "$KEEP/test_lrd" "$KEEP/test_lr" --out "$KEEP/summary_test_lrd.json"
 stage eval_lrd evaluate_run eval_lrd grpo_lrd "$STEPS" "$HELDOUT"
-stage compare_lrd "$CTXRL" compare "$KEEP/eval_$([ "$START" = sft ] && echo sft || echo ei)" "$KEEP/eval_lrd" "$KEEP/eval_lr" --out "$KEEP/summary_lrd.json"
 stage eval_lr_w0_mid evaluate_run eval_lr_w0_mid grpo_lr_w0 "$MID" 32
 stage grpo_lr_w0 arm grpo_lr_w0 "$STEPS" "${LR_W0[@]}" "$@"
 stage test_lr_w0 evaluate_run test_lr_w0 grpo_lr_w0 "$STEPS" "$HELDOUT" eval.split=test
 stage compare_test_lr_w0 "$CTXRL" compare "$KEEP/test_start" "$KEEP/test_lr" "$KEEP/test_lr_w0" --out "$KEEP/summary_test_lr_w0.json"
 stage eval_lr evaluate_run eval_lr grpo_lr "$STEPS" "$HELDOUT"
 stage compare_lr "$CTXRL" compare "$KEEP/eval_$([ "$START" = sft ] && echo sft || echo ei)" "$KEEP/eval_lr" "$KEEP/eval_act" --out "$KEEP/summary_lr.json"
+stage compare_lrd "$CTXRL" compare "$KEEP/eval_$([ "$START" = sft ] && echo sft || echo ei)" "$KEEP/eval_lrd" "$KEEP/eval_lr" --out "$KEEP/summary_lrd.json"
 stage eval_lr_w0 evaluate_run eval_lr_w0 grpo_lr_w0 "$STEPS" "$HELDOUT"
 stage compare_lr_w0 "$CTXRL" compare "$KEEP/eval_$([ "$START" = sft ] && echo sft || echo ei)" "$KEEP/eval_lr" "$KEEP/eval_lr_w0" --out "$KEEP/summary_lr_w0.json"
 echo "== done: $KEEP/summary.json; stage times (s) in $KEEP/times.tsv"
