@@ -41,6 +41,9 @@
 #               grpo_lr_w0, test_lr_w0, compare_test_lr_w0, eval_lr, compare_lr, compare_lrd (it needs eval_lr),
 #               eval_lr_w0, compare_lr_w0 (a kept run holds its latest checkpoint only, so a step-MID evaluation
 #               comes before the resume past it)
+#   grpo_lrd_w0_mid, eval_lrd_w0_mid, grpo_lrd_w0, test_lrd_w0, compare_test_lrd_w0, eval_lrd_w0, compare_lrd_w0
+#               the sixth arm's ablation: the same at w_eff = 0 (KEEP/summary_test_lrd_w0.json,
+#               KEEP/summary_lrd_w0.json: the start, the sixth arm and this one)
 # Sizes: HELDOUT, MID, STEPS (environment). KEY=VALUE arguments go to both GRPO arms (e.g. train.lr=1e-4).
 #
 # Across sessions. OUT holds the working files (demonstrations, merged models, full checkpoints); KEEP (default
@@ -238,4 +241,13 @@ stage compare_lr "$CTXRL" compare "$KEEP/eval_$([ "$START" = sft ] && echo sft |
 stage compare_lrd "$CTXRL" compare "$KEEP/eval_$([ "$START" = sft ] && echo sft || echo ei)" "$KEEP/eval_lrd" "$KEEP/eval_lr" --out "$KEEP/summary_lrd.json"
 stage eval_lr_w0 evaluate_run eval_lr_w0 grpo_lr_w0 "$STEPS" "$HELDOUT"
 stage compare_lr_w0 "$CTXRL" compare "$KEEP/eval_$([ "$START" = sft ] && echo sft || echo ei)" "$KEEP/eval_lr" "$KEEP/eval_lr_w0" --out "$KEEP/summary_lr_w0.json"
+# The sixth arm's ablation: the same decaying rate at w_eff = 0 (a full run of its own, 2026-12-05).
+LRD_W0=("${LRD[@]}" advantages.w_eff=0)
+stage grpo_lrd_w0_mid arm grpo_lrd_w0 "$MID" "${LRD_W0[@]}" "$@"
+stage eval_lrd_w0_mid evaluate_run eval_lrd_w0_mid grpo_lrd_w0 "$MID" 32
+stage grpo_lrd_w0 arm grpo_lrd_w0 "$STEPS" "${LRD_W0[@]}" "$@"
+stage test_lrd_w0 evaluate_run test_lrd_w0 grpo_lrd_w0 "$STEPS" "$HELDOUT" eval.split=test
+stage compare_test_lrd_w0 "$CTXRL" compare "$KEEP/test_start" "$KEEP/test_lrd" "$KEEP/test_lrd_w0" --out "$KEEP/summary_test_lrd_w0.json"
+stage eval_lrd_w0 evaluate_run eval_lrd_w0 grpo_lrd_w0 "$STEPS" "$HELDOUT"
+stage compare_lrd_w0 "$CTXRL" compare "$KEEP/eval_$([ "$START" = sft ] && echo sft || echo ei)" "$KEEP/eval_lrd" "$KEEP/eval_lrd_w0" --out "$KEEP/summary_lrd_w0.json"
 echo "== done: $KEEP/summary.json; stage times (s) in $KEEP/times.tsv"
