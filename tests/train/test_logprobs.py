@@ -167,7 +167,9 @@ class _ShapeNoise(torch.nn.Module):
         out = self.inner(**kwargs)
         logits = out.logits.float()
         steps = torch.arange(logits.shape[1])[:, None] * 0.7 + torch.arange(logits.shape[2])[None] * 0.013
-        return SimpleNamespace(logits=logits + self.scale * torch.sin(steps + 1.7 * kwargs["input_ids"].shape[1]))
+        return SimpleNamespace(
+            logits=logits + self.scale * torch.sin(steps + 1.7 * kwargs["input_ids"].shape[1])
+        )
 
 
 @pytest.mark.slow
