@@ -110,6 +110,11 @@ def test_the_episode_shape_counts_what_each_policy_did(tmp_path: Path) -> None:
     # an eval that did not record the fields: the figures are unknown, not zero
     bare = load_outcomes(_eval(tmp_path / "b", "file", [True] * 4, [1e11] * 4))
     assert set(compare(bare, bare)["shape"]["grpo"].values()) == {None}
+    # a hand-edited record with a non-number: that figure is unknown, the others stand
+    odd = [{**r, "steps": "four"} for r in start]
+    odd_shape = compare(load_outcomes(_eval(tmp_path / "o", "file", [True] * 4, [1e11] * 4, extra=odd)), t)
+    assert odd_shape["shape"]["sft"]["steps_per_episode"] is None
+    assert odd_shape["shape"]["sft"]["edits_per_episode"] == 1.0
 
 
 def test_nothing_solved_is_undefined_not_zero(tmp_path: Path) -> None:

@@ -69,14 +69,14 @@ def load_outcomes(folder: str | Path) -> Outcomes:
 def episode_shape(outcomes: Outcomes, tasks: list[str]) -> dict[str, Any]:
     """What ``outcomes``' episodes on ``tasks`` did: means of steps, prompt tokens and edits, the episodes
     without an edit (and how many of them succeeded), and those that ran out of steps. A figure whose field
-    some episode lacks is None."""
+    some episode lacks (or holds as other than a number) is None."""
     records = [outcomes.episodes.get(t, {}) for t in tasks]
 
     def mean(key: str) -> float | None:
-        values = [r[key] for r in records if key in r]
+        values = [r[key] for r in records if isinstance(r.get(key), (int, float))]
         return sum(values) / len(values) if values and len(values) == len(records) else None
 
-    have_edits = bool(records) and all("edits" in r for r in records)
+    have_edits = bool(records) and all(isinstance(r.get("edits"), int) for r in records)
     no_edit = [t for t, r in zip(tasks, records, strict=True) if have_edits and r["edits"] == 0]
     have_reason = bool(records) and all("reason" in r for r in records)
     return {
