@@ -35,6 +35,7 @@ BENCHMARKS: dict[str, str] = {
     "rollout": "rollout throughput of the vllm and hf engines on multi-turn episodes past 4k tokens",
     "train": "training cost on the tiny model: packed rows vs one row per step, one update vs TRL's GRPOTrainer",
     "smollm2": "a real model's GRPO step (rollout, update vs the old update, FLOP efficiency) and SFT vs TRL",
+    "smollm2_bf16": "the smollm2 bench in bfloat16: bf16 engine weights, the update and both SFTs under bf16 autocast",
     "precision": "bfloat16 against float32 on this machine: matmul, the trainer's update and its logprob error, vLLM rollout",
     "engine": "the vLLM engine's CPU settings (dtype, compile, thread binding, KV space, prefill budget) against the defaults",
     "fuzz": "hostile model outputs through whole steps of every mode and family: crashes, stalls, broken invariants",

@@ -303,7 +303,7 @@ def test_bench_all_only_names_benches_and_records_the_command(
 ) -> None:
     assert main(["bench", "all", "--only", "train,nope"]) == 1
     assert (
-        "--only takes bench names from harness, env, rollout, train, smollm2, precision, engine, fuzz"
+        "--only takes bench names from harness, env, rollout, train, smollm2, smollm2_bf16, precision, engine, fuzz"
         in capsys.readouterr().err
     )
     assert main(["bench", "all", "--only", "fuzz", "--fuzz-workers", "0"]) == 1
@@ -505,6 +505,10 @@ def test_bench_precision_quick(tmp_path: Path) -> None:
         "bf16_update_speedup",
         "bf16_logprob_abs_diff_mean",
         "bf16_logprob_abs_diff_max",
+        "update_autocast_s",
+        "autocast_update_speedup",
+        "autocast_logprob_abs_diff_mean",
+        "autocast_logprob_abs_diff_max",
         "bf16_rollout_speedup",
         "rollout_fp32_s",
         "rollout_bf16_s",
@@ -513,8 +517,13 @@ def test_bench_precision_quick(tmp_path: Path) -> None:
         fp32 = figures[f"{part}_fp32_s"] if part != "matmul" else 1 / figures["matmul_fp32_gflops"]
         bf16 = figures[f"{part}_bf16_s"] if part != "matmul" else 1 / figures["matmul_bf16_gflops"]
         assert figures[f"bf16_{part}_speedup"] == pytest.approx(fp32 / bf16)
-    # bfloat16 keeps ~3 significant digits: the logprobs move, by far less than a nat
-    assert 0 < figures["bf16_logprob_abs_diff_mean"] <= figures["bf16_logprob_abs_diff_max"] < 1.0
+    assert figures["autocast_update_speedup"] == pytest.approx(
+        figures["update_fp32_s"] / figures["update_autocast_s"]
+    )
+    # bfloat16 keeps ~3 significant digits: the logprobs move, by far less than a nat (under autocast too: a
+    # figure of 0 would say the autocast arm ran in float32)
+    for arm in ("bf16", "autocast"):
+        assert 0 < figures[f"{arm}_logprob_abs_diff_mean"] <= figures[f"{arm}_logprob_abs_diff_max"] < 1.0
 
 
 def test_bench_engine_quick(tmp_path: Path) -> None:
@@ -536,6 +545,23 @@ def test_bench_engine_quick(tmp_path: Path) -> None:
     work = {n: figures[f"engine_{n}_flops_efficiency"] * figures[f"engine_{n}_s"] for n in QUICK_SETTINGS}
     assert max(work.values()) == pytest.approx(min(work.values()), rel=1e-6)
     assert all(v > 0 for v in work.values())
+
+
+def test_bench_smollm2_bf16_quick(tmp_path: Path) -> None:
+    out = tmp_path / "smollm2_bf16.json"
+    assert main(["bench", "smollm2_bf16", "--quick", "--json", str(out)]) == 0
+    figures = _figures(out)
+    assert {
+        "matmul_bf16_gflops",
+        "update_flops_efficiency_vs_bf16",
+        "sft_speedup",
+        "smollm2_update_speedup",
+    } <= set(figures)
+    # the same update FLOPs and seconds over each rate
+    assert figures["update_flops_efficiency"] / figures["update_flops_efficiency_vs_bf16"] == pytest.approx(
+        figures["matmul_bf16_gflops"] / figures["matmul_gflops"]
+    )
+    assert figures["sft_tokens_per_s"] > 0 and figures["sft_trl_tokens_per_s"] > 0
 
 
 def test_bench_smollm2_quick(tmp_path: Path) -> None:

@@ -194,6 +194,45 @@ def test_gradient_checkpointing_reaches_trl_off_by_default_and_changes_no_result
     assert losses[0] == pytest.approx(losses[1], abs=1e-4)  # recomputing activations is exact
 
 
+@pytest.mark.parametrize("trainer", ["ctxrl", "trl"])
+def test_mixed_precision_trains_float32_weights_under_bf16_autocast(
+    records: SimpleNamespace,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    trainer: str,
+) -> None:
+    """``sft.mixed_precision: bf16``: both trainers run their matmuls in bfloat16 on float32 weights (TRL
+    with ``bf16=True``), and the run still learns."""
+    import torch
+
+    seen: set[torch.dtype] = set()
+    real = torch.nn.Linear.forward
+
+    def spy(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        out = real(self, x)
+        if self.training and torch.is_grad_enabled():
+            seen.add(out.dtype)
+            assert self.weight.dtype == torch.float32
+        return out
+
+    monkeypatch.setattr(torch.nn.Linear, "forward", spy)
+    examples, _ = sft_examples(_copy_task(records, 64), max_seq_len=64)
+    cfg = SFTConfig(
+        lr=3e-3,
+        max_steps=6,
+        max_seq_len=64,
+        batch_tokens=256,
+        trainer=trainer,
+        mixed_precision="bf16",  # type: ignore[arg-type]
+    )
+    result = train_sft(cfg, tiny_model_dir, examples, tmp_path, progress=False)
+    assert seen == {torch.bfloat16}
+    assert result.loss_after < result.loss_before - 0.5, (result.loss_before, result.loss_after)
+    with pytest.raises(ConfigError, match=r"sft\.mixed_precision=bf16 keeps float32 weights"):
+        SFTConfig(mixed_precision="bf16", dtype="bfloat16")
+
+
 def test_bad_demonstration_files_are_one_line_errors(records: SimpleNamespace, tmp_path: Path) -> None:
     good = save_trajectories(_copy_task(records, 2), tmp_path / "good.jsonl")
     assert len(load_demonstrations(good)) == 2

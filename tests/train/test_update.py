@@ -325,3 +325,80 @@ def test_two_part_attention_replaces_the_mask_and_keeps_the_gradients(
     assert_same(two_part, masked)
     assert_same(two_part, reference_backward(policy, rows))
     assert policy.config._attn_implementation == "sdpa"  # restored after every forward
+
+
+def _update_under(model_dir: Path, mixed: str) -> tuple[dict[str, torch.Tensor], set[torch.dtype], Any]:
+    """One trainer update (:func:`grpo_update`, LoRA) of :func:`group_rows` with ``train.mixed_precision``
+    set to ``mixed``: the gradients it stepped on, the dtypes the attention projections returned, the model."""
+    from accelerate import Accelerator
+
+    from ctxrl.train.config import LoraSettings, TrainConfig
+    from ctxrl.train.policy import load_policy
+    from ctxrl.train.update import grpo_update
+
+    torch.manual_seed(0)
+    config = TrainConfig(lora=LoraSettings(enabled=True, r=4, dropout=0.0), mixed_precision=mixed)  # type: ignore[arg-type]
+    model = load_policy(model_dir, config).train()
+    for name, p in model.named_parameters():  # LoRA's B starts at 0: give the adapter a gradient of its own
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.02)
+    seen: dict[str, torch.Tensor] = {}
+
+    class Recording(torch.optim.SGD):
+        def step(self, closure: Any = None) -> Any:
+            seen.update(
+                {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+            )
+            return super().step(closure)
+
+    dtypes: set[torch.dtype] = set()
+    hooks = [
+        m.register_forward_hook(lambda _m, _i, out: dtypes.add(out.dtype))
+        for n, m in model.named_modules()
+        if n.endswith("q_proj.base_layer")
+    ]
+    optimizer = Recording([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    rows = group_rows(model.config.vocab_size)
+    grpo_update(
+        Accelerator(cpu=True),
+        model,
+        optimizer,
+        rows,
+        config,
+        pad_id=0,
+        sizes=layout_sizes(model),
+        packs=True,
+        shared_ok=True,
+    )
+    for hook in hooks:
+        hook.remove()
+    return seen, dtypes, model
+
+
+def test_mixed_precision_runs_the_update_in_bf16_and_keeps_float32_weights_and_gradients(
+    tiny_model_dir: Path,
+) -> None:
+    exact, exact_dtypes, _ = _update_under(tiny_model_dir, "no")
+    mixed, mixed_dtypes, model = _update_under(tiny_model_dir, "bf16")
+    assert exact_dtypes == {torch.float32} and mixed_dtypes == {torch.bfloat16}
+    assert set(mixed) == set(exact) and any("lora_A" in n for n in mixed)
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # the master weights stay float32
+    assert all(g.dtype == torch.float32 for g in mixed.values())
+    flat_exact = torch.cat([g.flatten() for g in exact.values()])
+    flat_mixed = torch.cat([mixed[n].flatten() for n in exact])
+    # bfloat16 arithmetic moves the gradient (it ran) by a few percent of its size (it is the same gradient)
+    rel = float((flat_mixed - flat_exact).norm() / flat_exact.norm())
+    assert 1e-5 < rel < 0.1, rel
+
+
+def test_mixed_precision_needs_float32_weights() -> None:
+    from ctxrl.errors import ConfigError
+    from ctxrl.train.config import TrainConfig
+    from ctxrl.train.update import precision_context
+
+    with pytest.raises(ConfigError, match="mixed_precision=bf16 keeps float32 weights"):
+        TrainConfig(mixed_precision="bf16", dtype="bfloat16")
+    with pytest.raises(ConfigError, match="mixed_precision must be"):
+        TrainConfig(mixed_precision="fp16")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="mixed_precision"):
+        precision_context("fp16", "cpu")

@@ -10,6 +10,8 @@ wall time (above 1: bfloat16 is faster), or the size of the difference bfloat16 
   (``train.dtype``), median of three.
 - ``bf16_logprob_abs_diff_mean`` / ``_max``: how far the bfloat16 model's logprobs of the loss tokens of those
   rows are from the float32 model's (nats): the noise a bfloat16 trainer adds to every importance ratio.
+- ``autocast_update_speedup``, ``autocast_logprob_abs_diff_mean`` / ``_max``: the same for the float32 model
+  under bfloat16 autocast (``train.mixed_precision: bf16``: float32 weights, gradients and optimiser).
 - ``bf16_rollout_speedup``: the in-process ``vllm`` engine (``engine.dtype``) generating for a group of
   prompts that share a long prefix, several turns each, prefix caching on; each dtype in its own process.
 
@@ -48,6 +50,9 @@ FULL = PrecisionSizes("smollm2-135m-instruct", 8, 1300, 200, 64, 64, 6, 3)
 QUICK = PrecisionSizes("tiny", 2, 64, 16, 8, 8, 2, 1)
 
 DTYPES = ("float32", "bfloat16")
+UPDATE_ARMS = {"float32": ("float32", "no"), "bfloat16": ("bfloat16", "no"), "autocast": ("float32", "bf16")}
+"""The update's arms: name -> (``train.dtype``, ``train.mixed_precision``)."""
+FIGURE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "autocast": "autocast"}
 
 
 def _rows(sizes: PrecisionSizes, vocab: int) -> list[Any]:
@@ -68,41 +73,44 @@ def _rows(sizes: PrecisionSizes, vocab: int) -> list[Any]:
 
 
 def _update(model_dir: Path, sizes: PrecisionSizes) -> dict[str, float]:
-    """Median seconds of the trainer's backward per dtype, and the bfloat16 logprob error."""
+    """Median seconds of the trainer's backward in each of :data:`UPDATE_ARMS`, and each bfloat16 arm's
+    logprob error against float32's."""
     import torch
 
     from ctxrl.env.tokenizer import load_tokenizer_dir
     from ctxrl.train.config import LoraSettings, TrainConfig
     from ctxrl.train.policy import load_policy
-    from ctxrl.train.update import layout_logprobs, layout_sizes, make_layout, nll_backward
+    from ctxrl.train.update import layout_logprobs, layout_sizes, make_layout, nll_backward, precision_context
 
     pad_id = int(load_tokenizer_dir(model_dir).pad_token_id or 0)
     seconds: dict[str, float] = {}
     logprobs: dict[str, torch.Tensor] = {}
     figures: dict[str, float] = {}
-    for dtype in DTYPES:
-        config = TrainConfig(lora=LoraSettings(enabled=True, dropout=0.0), dtype=dtype)  # type: ignore[arg-type]
+    for arm, (dtype, mixed) in UPDATE_ARMS.items():
+        config = TrainConfig(lora=LoraSettings(enabled=True, dropout=0.0), dtype=dtype, mixed_precision=mixed)  # type: ignore[arg-type]
         model = load_policy(model_dir, config).train()
         rows = _rows(sizes, int(model.config.vocab_size))
         units = make_layout(rows, "shared", 8192, pad_id, layout_sizes(model), packs=False)
         n_loss = float(sum(r.num_loss_tokens for r in rows))
-        nll_backward(model, units, num_loss_tokens=n_loss)  # warm-up
-        times = []
-        for _ in range(sizes.repeats):
-            model.zero_grad(set_to_none=True)
-            start = time.perf_counter()
-            nll_backward(model, units, num_loss_tokens=n_loss)
-            times.append(time.perf_counter() - start)
-        seconds[dtype] = statistics.median(times)
-        # the same rows give the same layout in either dtype: its microbatches line up one to one
-        per_batch = layout_logprobs(model, units, torch.device("cpu"))
-        logprobs[dtype] = torch.cat([lp.double().reshape(-1) for unit in per_batch for lp in unit])
-        figures[f"update_{'fp32' if dtype == 'float32' else 'bf16'}_s"] = seconds[dtype]
+        with precision_context(mixed, "cpu"):
+            nll_backward(model, units, num_loss_tokens=n_loss)  # warm-up
+            times = []
+            for _ in range(sizes.repeats):
+                model.zero_grad(set_to_none=True)
+                start = time.perf_counter()
+                nll_backward(model, units, num_loss_tokens=n_loss)
+                times.append(time.perf_counter() - start)
+            # the same rows give the same layout in every arm: its microbatches line up one to one
+            per_batch = layout_logprobs(model, units, torch.device("cpu"))
+        seconds[arm] = statistics.median(times)
+        logprobs[arm] = torch.cat([lp.double().reshape(-1) for unit in per_batch for lp in unit])
+        figures[f"update_{FIGURE_NAMES[arm]}_s"] = seconds[arm]
     at_loss = logprobs["float32"] != 0  # every other position is 0 (no logit is taken there)
-    diff = (logprobs["bfloat16"] - logprobs["float32"])[at_loss].abs()
-    figures["bf16_update_speedup"] = seconds["float32"] / seconds["bfloat16"]
-    figures["bf16_logprob_abs_diff_mean"] = float(diff.mean())
-    figures["bf16_logprob_abs_diff_max"] = float(diff.max())
+    for arm in ("bfloat16", "autocast"):
+        diff = (logprobs[arm] - logprobs["float32"])[at_loss].abs()
+        figures[f"{FIGURE_NAMES[arm]}_update_speedup"] = seconds["float32"] / seconds[arm]
+        figures[f"{FIGURE_NAMES[arm]}_logprob_abs_diff_mean"] = float(diff.mean())
+        figures[f"{FIGURE_NAMES[arm]}_logprob_abs_diff_max"] = float(diff.max())
     return figures
 
 

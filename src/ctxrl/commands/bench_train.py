@@ -3,6 +3,7 @@
 
     ctxrl bench train [--quick] [--json FILE]
     ctxrl bench smollm2 [--quick] [--json FILE]
+    ctxrl bench smollm2_bf16 [--quick] [--json FILE]
 
 **train** runs on the tiny model (built into a temporary folder), fp32, on one CPU thread (on a shared,
 loaded machine two OpenMP threads stall each other at every barrier; one thread gives both sides of a ratio
@@ -55,6 +56,11 @@ path against TRL's ``SFTTrainer`` on the same demonstrations, one sequence a ste
 ``sft_speedup_episode_steps``, the same at the ladder's 16k tokens a step with the SFT path's steps holding
 whole episodes (:func:`_smollm2_step`, :func:`_sft_speedup`, :data:`SFT_SETUPS` say what each figure is).
 One timed repeat: a repeat of the update alone is about 15 minutes here.
+
+**smollm2_bf16**: the same bench in bfloat16 (:data:`SMOL_BF16`): vLLM's weights in bfloat16, the update, the
+legacy update and both SFT trainers under bfloat16 autocast with float32 weights (TRL ``bf16=True``). Its FLOP
+efficiencies are against the same fp32 matmul rate as the fp32 bench's (the issue's yardstick), and
+``*_vs_bf16`` against the bfloat16 rate measured in the same run (how far the work is from its own bound).
 
 ``--quick`` is a smoke run of the same code on small sizes (``train``: 4-step episodes, short prompts, two
 repeats; ``smollm2``: the tiny model with the scripted file manager as its engine); its ratios say the path
@@ -606,6 +612,9 @@ class StepSizes:
     matmul_n: int
     repeats: int
     max_steps: int | None = None
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """``bf16``: the engine's weights in bfloat16 (``engine.dtype``), the update and both SFT trainers under
+    bfloat16 autocast with float32 weights (``train.mixed_precision`` / ``sft.mixed_precision``)."""
 
 
 SMOL = StepSizes("smollm2-135m-instruct", "vllm", 8, "short", 256, 4096, 1536, 1)
@@ -614,6 +623,8 @@ the learning benchmark's settings (configs/train_smollm2.yaml: LoRA r=16, 256 ne
 microbatches)."""
 SMOL_QUICK = StepSizes("tiny", "scripted", 2, "short", 64, 4096, 256, 1, max_steps=4)
 """Smoke run of the same code: the tiny model, the scripted file manager as the engine."""
+SMOL_BF16 = replace(SMOL, precision="bf16")
+SMOL_BF16_QUICK = replace(SMOL_QUICK, precision="bf16")
 
 
 def matmul_flops_per_s(
@@ -721,18 +732,24 @@ def _smollm2_step(sizes: StepSizes, tmp: Path) -> dict[str, float]:
     from ctxrl.train.policy import load_policy
     from ctxrl.train.rollout import RolloutConfig, rollout
     from ctxrl.train.rows import episode_rows, layout_flops, layout_kind, pack_rows, plain_units
-    from ctxrl.train.update import layout_sizes
+    from ctxrl.train.update import layout_sizes, precision_context
 
+    bf16 = sizes.precision == "bf16"
     model_dir = get_model(sizes.model, tmp / "step-model" if sizes.model == "tiny" else None)
     tokenizer = load_tokenizer_dir(model_dir)
     policy = None
     if engine_spec(sizes.engine).needs_policy:
         policy = text_policy(make_policy("file-manager"), tokenizer)
     engine = make_engine(
-        EngineConfig(name=sizes.engine, max_model_len=4096), model_dir, tokenizer=tokenizer, policy=policy
+        EngineConfig(name=sizes.engine, max_model_len=4096, dtype="bfloat16" if bf16 else None),
+        model_dir,
+        tokenizer=tokenizer,
+        policy=policy,
     )
     config = TrainConfig(
-        lora=LoraSettings(enabled=True, dropout=0.0), max_tokens_per_microbatch=sizes.max_tokens
+        lora=LoraSettings(enabled=True, dropout=0.0),
+        max_tokens_per_microbatch=sizes.max_tokens,
+        mixed_precision="bf16" if bf16 else "no",
     )
     model = load_policy(model_dir, config).train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
@@ -763,7 +780,8 @@ def _smollm2_step(sizes: StepSizes, tmp: Path) -> dict[str, float]:
             trainer_update(model, optimizer, rows, config, pad_id)
 
         def legacy() -> None:
-            legacy_packed_backward(model, rows, loss_config, sizes.max_tokens)
+            with precision_context(config.mixed_precision, "cpu"):
+                legacy_packed_backward(model, rows, loss_config, sizes.max_tokens)
             _optimizer_step(model, optimizer)
 
         t1 = time.perf_counter()
@@ -782,7 +800,7 @@ def _smollm2_step(sizes: StepSizes, tmp: Path) -> dict[str, float]:
     # gradient; the adapters' own FLOPs are a rounding error at r = 16)
     update_flops = 2.0 * layout_flops(units, geometry)
     matmul = matmul_flops_per_s(sizes.matmul_n)
-    figures = {
+    figures: dict[str, float] = {
         "smollm2_episodes": float(len(episodes)),
         "smollm2_rows": float(len(rows)),
         "shared_prefix_vs_packed_tokens": sum(u.num_tokens for u in units)
@@ -796,12 +814,23 @@ def _smollm2_step(sizes: StepSizes, tmp: Path) -> dict[str, float]:
         "smollm2_rollout_s": rollout_s,
         "smollm2_step_s": rollout_s + update_s + sync_s,
     }
+    if bf16:  # the targets are against the fp32 rate; this says how far the bf16 work is from its own bound
+        matmul_bf16 = matmul_flops_per_s(sizes.matmul_n, dtype=torch.bfloat16)
+        figures["matmul_bf16_gflops"] = matmul_bf16 / 1e9
+        figures["update_flops_efficiency_vs_bf16"] = update_flops / new_s / matmul_bf16
     if engine_spec(
         sizes.engine
     ).has_model:  # a scripted engine runs no model: its rollout does no model FLOPs
         figures["rollout_flops_efficiency"] = rollout_flops(episodes, model) / rollout_s / matmul
-        # decoding a small batch is bound by reading the weights once per pass, not by FLOPs
-        weight_bytes = sum(p.numel() * p.element_size() for p in model.get_base_model().parameters())
+        if bf16:
+            figures["rollout_flops_efficiency_vs_bf16"] = (
+                rollout_flops(episodes, model) / rollout_s / matmul_bf16
+            )
+        # decoding a small batch is bound by reading the weights once per pass, not by FLOPs (the engine's
+        # weights: 2 bytes a parameter in bfloat16)
+        weight_bytes = sum(
+            p.numel() * (2 if bf16 else p.element_size()) for p in model.get_base_model().parameters()
+        )
         membw = memory_bytes_per_s()
         figures["rollout_decode_passes"] = float(decode_passes(episodes))
         figures["rollout_membw_efficiency"] = decode_passes(episodes) * weight_bytes / membw / rollout_s
@@ -868,6 +897,7 @@ def _sft_speedup(sizes: StepSizes, tmp: Path, *, steps: int) -> dict[str, float]
                 batch_tokens=setup.batch_tokens,
                 steps_by=setup.steps_by if trainer == "ctxrl" else "example",
                 lora=LoraSettings(enabled=True, r=16, alpha=32, dropout=0.0),
+                mixed_precision="bf16" if sizes.precision == "bf16" else "no",
             )
             out = tmp / f"sft{suffix}-{trainer}"
             rates[trainer] = train_sft(config, model_dir, examples, out, progress=False).tokens_per_s
@@ -900,12 +930,24 @@ def bench_train(args: argparse.Namespace) -> dict[str, float]:
     return metrics
 
 
-def bench_smollm2(args: argparse.Namespace) -> dict[str, float]:
-    """``ctxrl bench smollm2``: a real model's GRPO step in parts and the SFT path against TRL's (both
-    cores, as the trainer runs; ``--quick``: the tiny model with the scripted file manager as its engine)."""
-    sizes = SMOL_QUICK if getattr(args, "quick", False) else SMOL
+def _smollm2(sizes: StepSizes, quick: bool) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="ctxrl-bench-smollm2-") as name:
         tmp = Path(name)
         metrics = _smollm2_step(sizes, tmp)
-        metrics.update(_sft_speedup(sizes, tmp, steps=2 if sizes is SMOL_QUICK else 4))
+        metrics.update(_sft_speedup(sizes, tmp, steps=2 if quick else 4))
     return metrics
+
+
+def bench_smollm2(args: argparse.Namespace) -> dict[str, float]:
+    """``ctxrl bench smollm2``: a real model's GRPO step in parts and the SFT path against TRL's (both
+    cores, as the trainer runs; ``--quick``: the tiny model with the scripted file manager as its engine)."""
+    quick = bool(getattr(args, "quick", False))
+    return _smollm2(SMOL_QUICK if quick else SMOL, quick)
+
+
+def bench_smollm2_bf16(args: argparse.Namespace) -> dict[str, float]:
+    """``ctxrl bench smollm2_bf16``: the same work in bfloat16 — the engine's weights in bfloat16, the update
+    and both SFT trainers under bfloat16 autocast on float32 weights (a CPU with AMX or AVX-512 BF16 runs
+    bfloat16 matmuls several times faster; ``ctxrl bench precision`` measures it)."""
+    quick = bool(getattr(args, "quick", False))
+    return _smollm2(SMOL_BF16_QUICK if quick else SMOL_BF16, quick)

@@ -96,6 +96,9 @@ class SFTConfig:
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Dtype the model is loaded and trained in (bfloat16: faster on a CPU with AVX-512 BF16, ``ctxrl bench
     precision``; TRL then trains with ``bf16=True``)."""
+    mixed_precision: Literal["no", "bf16"] = "no"
+    """``bf16``: float32 weights, the forward passes under bfloat16 autocast (as ``train.mixed_precision``);
+    TRL then trains with ``bf16=True`` on the float32 model, the same regime. Needs ``dtype: float32``."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory. TRL turns it on by default; it cost about a
     third of an SFT step of SmolLM2-135M on a 2-core CPU (py-spy), where a small model is compute-bound, not
@@ -126,6 +129,13 @@ class SFTConfig:
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
             raise ConfigError(
                 f"sft.max_grad_norm must be > 0 (or null to disable clipping), got {self.max_grad_norm}"
+            )
+        if self.mixed_precision not in ("no", "bf16"):
+            raise ConfigError(f"sft.mixed_precision must be 'no' or 'bf16', got {self.mixed_precision!r}")
+        if self.mixed_precision != "no" and self.dtype != "float32":
+            raise ConfigError(
+                f"sft.mixed_precision={self.mixed_precision} keeps float32 weights under autocast, but sft.dtype "
+                f"is {self.dtype}; set sft.dtype: float32"
             )
         if self.log_every < 1:
             raise ConfigError(f"sft.log_every must be >= 1, got {self.log_every}")
@@ -471,6 +481,7 @@ def _train_sft_trl(
     """Supervised training with TRL's ``SFTTrainer`` (see :attr:`SFTConfig.trainer`); the result and the
     trained (merged) model."""
     import datasets
+    import torch
     from trl import SFTConfig as TRLSFTConfig
     from trl import SFTTrainer
 
@@ -496,7 +507,9 @@ def _train_sft_trl(
         packing_strategy="bfd",
         gradient_checkpointing=config.gradient_checkpointing,
         completion_only_loss=True,
-        bf16=config.dtype == "bfloat16",
+        bf16=config.dtype == "bfloat16" or config.mixed_precision == "bf16",
+        # transformers refuses bf16 without a GPU unless told the run is on the CPU
+        use_cpu=not torch.cuda.is_available(),
         seed=config.seed,
         data_seed=config.seed,
         logging_steps=config.log_every,
@@ -655,7 +668,7 @@ def _train_sft_ctxrl(
 
     from ctxrl.train.logprobs import packing_supported
     from ctxrl.train.rows import Row, layout_kind
-    from ctxrl.train.update import layout_sizes, make_layout, nll_backward
+    from ctxrl.train.update import layout_sizes, make_layout, nll_backward, precision_context
 
     if config.lora.enabled:
         from peft import get_peft_model
@@ -699,7 +712,8 @@ def _train_sft_ctxrl(
         n_loss = float(sum(r.num_loss_tokens for r in chosen))
         if n_loss == 0:
             continue
-        result = nll_backward(model, units, num_loss_tokens=n_loss)
+        with precision_context(config.mixed_precision, next(model.parameters()).device):
+            result = nll_backward(model, units, num_loss_tokens=n_loss)
         norm = (
             float(torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm))
             if config.max_grad_norm is not None

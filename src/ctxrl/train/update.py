@@ -473,6 +473,17 @@ def packs_lines(config: TrainConfig, model: Any) -> bool:
     return config.packing == "packed" or (config.packing in ("auto", "shared") and packing_supported(model))
 
 
+def precision_context(mixed_precision: str, device: Any) -> contextlib.AbstractContextManager[Any]:
+    """The context the update's passes run in: bfloat16 autocast for ``mixed_precision="bf16"`` (matmuls and
+    attention in bfloat16, weights and gradients float32; the log-softmax of :func:`token_logprobs` runs on
+    float32 logits), nothing for ``"no"``."""
+    if mixed_precision == "no":
+        return contextlib.nullcontext()
+    if mixed_precision != "bf16":
+        raise ValueError(f"mixed_precision must be 'no' or 'bf16', got {mixed_precision!r}")
+    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+
+
 def grpo_update(
     acc: Any,
     model: Any,
@@ -493,10 +504,7 @@ def grpo_update(
     ``acc`` is the run's accelerate ``Accelerator`` (one process: ``Accelerator(cpu=True)``); the trainer
     and ``ctxrl bench train`` / ``smollm2`` call this (the TRL parity test calls :func:`backward_layout`, its
     core, to read the gradients before the step). ``reference(unit)``: the KL term's reference logprobs
-    (None without a KL)."""
-    from ctxrl.train.distributed import sync_context
-
-    world = acc.num_processes
+    (None without a KL). ``config.mixed_precision``: every pass runs in :func:`precision_context`."""
     layouts = [
         make_layout(
             part,
@@ -509,6 +517,24 @@ def grpo_update(
         )
         for part in split_by_episode(rows, config.updates_per_rollout)
     ]
+    with precision_context(config.mixed_precision, acc.device):
+        return _grpo_update(acc, model, optimizer, layouts, config, pad_id=pad_id, reference=reference)
+
+
+def _grpo_update(
+    acc: Any,
+    model: Any,
+    optimizer: Any,
+    layouts: list[list[LayoutUnit]],
+    config: TrainConfig,
+    *,
+    pad_id: int,
+    reference: Callable[[LayoutUnit], list[torch.Tensor]] | None,
+) -> UpdateResult:
+    """:func:`grpo_update` past the layout: old logprobs, then each part's backward and optimiser step."""
+    from ctxrl.train.distributed import sync_context
+
+    world = acc.num_processes
     olds = (
         [layout_logprobs(model, units, acc.device, two_part=config.two_part_attention) for units in layouts]
         if config.updates_per_rollout > 1
