@@ -407,6 +407,26 @@ def test_vllm_engine_weight_update_matches_transformers(
         assert new.logprobs == pytest.approx(old.logprobs, abs=1e-4)
 
 
+def test_weights_reach_a_bfloat16_engine_in_its_dtype_rounded_as_its_loader_would() -> None:
+    import torch
+
+    from ctxrl.train.engines.vllm_engine import weights_in_dtype
+
+    gen = torch.Generator().manual_seed(0)
+    state = {"w": torch.randn(64, 8, generator=gen), "ids": torch.arange(4), "h": torch.randn(3).bfloat16()}
+    out = dict(weights_in_dtype(state, torch.bfloat16))
+    assert (
+        out["w"].dtype == torch.bfloat16
+        and out["ids"].dtype == torch.int64
+        and out["h"].dtype == torch.bfloat16
+    )
+    assert torch.equal(out["ids"], state["ids"]) and torch.equal(out["h"], state["h"])
+    loaded = torch.empty(64, 8, dtype=torch.bfloat16)
+    loaded.copy_(state["w"])  # what vLLM's default weight loader does with a float32 tensor
+    assert torch.equal(out["w"], loaded) and not torch.equal(out["w"].float(), state["w"])
+    assert dict(weights_in_dtype(state, torch.float32))["w"].dtype == torch.float32  # a float32 engine: as is
+
+
 @pytest.mark.vllm
 def test_vllm_engine_too_long_prompt_is_aborted_and_the_batch_runs(vllm_engine: Any) -> None:
     _check_too_long(vllm_engine)

@@ -18,7 +18,7 @@ cache (level 1) and ``update_weights`` wakes the weights first, as TRL does.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -135,9 +135,10 @@ class VLLMEngine:
         # re-runs the post-load processing. Calling the model's `load_weights` directly (as TRL's colocate
         # sync does) fails on the CPU build, whose linear layers are repacked after loading and lose their
         # weight loaders. In-process, collective_rpc is a direct call: the tensors are not copied or pickled.
+        dtype = llm.llm_engine.model_config.dtype
         llm.collective_rpc(
             "reload_weights",
-            kwargs={"weights_iterator": iter_named_weights(weights), "is_checkpoint_format": True},
+            kwargs={"weights_iterator": weights_in_dtype(weights, dtype), "is_checkpoint_format": True},
         )
         if not llm.reset_prefix_cache():
             raise EngineError(
@@ -163,6 +164,14 @@ class VLLMEngine:
             if engine_core is not None:
                 engine_core.shutdown()
         self._llm = None
+
+
+def weights_in_dtype(weights: Weights, dtype: Any) -> Iterator[tuple[str, Any]]:
+    """:func:`iter_named_weights` with every floating-point tensor in the engine's ``dtype``: a float32
+    trainer (``train.mixed_precision: bf16``) syncing into a bfloat16 engine hands over the values vLLM's loader
+    would round them to, without its warning for each of the model's tensors at every step."""
+    for name, tensor in iter_named_weights(weights):
+        yield name, tensor.to(dtype) if tensor.is_floating_point() and tensor.dtype != dtype else tensor
 
 
 def _driver_model(llm: Any) -> Any:
