@@ -55,3 +55,16 @@ def test_attention_probe_times_the_mask_against_the_two_kinds_without_one() -> N
     rows = [line.split() for line in done.stdout.splitlines()[1:4]]
     assert [r[0] for r in rows] == ["mask", "nomask", "twopart"]
     assert rows[0][3] == "x1.00" and all(float(r[1]) > 0 for r in rows)
+
+
+def test_sft_step_probe_times_and_profiles_both_precisions() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "probe_sft_step.py"), "48", "8", "--profile"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    timed = [line for line in done.stdout.splitlines() if line.startswith("mixed_precision=")]
+    assert [line.split(":")[0] for line in timed] == ["mixed_precision=no", "mixed_precision=bf16"]
+    assert (
+        sum(line.startswith("Self CPU time total") for line in done.stdout.splitlines()) == 2
+    )  # a table each

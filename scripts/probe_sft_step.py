@@ -1,0 +1,61 @@
+"""Where one SFT step of SmolLM2 spends its time, in float32 and under bfloat16 autocast.
+
+    python scripts/probe_sft_step.py [LENGTH] [LOSS_TOKENS] [--profile]
+    python scripts/probe_sft_step.py 2048 600 --profile
+
+One LoRA (r = 16) supervised step of SmolLM2-135M-Instruct on a single row of LENGTH random token ids, the
+loss on its last LOSS_TOKENS, through the SFT path's own update (:func:`ctxrl.train.update.nll_backward` on
+the layout :func:`ctxrl.train.update.make_layout` picks), as ``configs/sft_smollm2.yaml`` runs it: one
+sequence a step. Each precision (``train.mixed_precision`` ``no`` and ``bf16``) runs one untimed step, then
+two timed ones; it prints seconds a step and tokens a second, and with ``--profile`` torch's profiler table
+of one more step (top operators by self CPU time). Used for the "Sixth run" section of
+docs/train_throughput.md.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
+from ctxrl.train.config import LoraSettings, TrainConfig
+from ctxrl.train.models import get_model
+from ctxrl.train.policy import load_policy
+from ctxrl.train.rows import Row
+from ctxrl.train.update import layout_sizes, make_layout, nll_backward, precision_context
+
+
+def main(argv: list[str]) -> None:
+    profile = "--profile" in argv
+    args = [a for a in argv if a != "--profile"]
+    length = int(args[0]) if args else 2048
+    n_loss = int(args[1]) if len(args) > 1 else 600
+    model_dir = get_model("smollm2-135m-instruct")
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(100, 49_000, (length,), generator=gen).tolist()
+    mask = [0] * (length - n_loss) + [1] * n_loss
+    row = Row(
+        ids, mask, [0.0] * length, [0.0] * length, [0] * length, [(length - n_loss, length)], 0, 0, (0,)
+    )
+    for mixed in ("no", "bf16"):
+        model = load_policy(model_dir, TrainConfig(lora=LoraSettings(enabled=True, dropout=0.0))).train()
+        units = make_layout([row], "auto", 4096, 0, layout_sizes(model), packs=True)
+        with precision_context(mixed, "cpu"):
+            nll_backward(model, units, num_loss_tokens=n_loss)  # warm-up
+            start = time.perf_counter()
+            for _ in range(2):
+                nll_backward(model, units, num_loss_tokens=n_loss)
+            step = (time.perf_counter() - start) / 2
+            print(f"mixed_precision={mixed}: {step:.2f} s a step, {length / step:.1f} tokens/s", flush=True)
+            if profile:
+                from torch.profiler import ProfilerActivity
+                from torch.profiler import profile as run_profiler
+
+                with run_profiler(activities=[ProfilerActivity.CPU]) as prof:
+                    nll_backward(model, units, num_loss_tokens=n_loss)
+                print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
