@@ -60,6 +60,18 @@ class LoraSettings:
             )
 
 
+def check_mixed_precision(mixed_precision: str, dtype: str, section: str = "") -> None:
+    """Raise :class:`ConfigError` unless ``mixed_precision`` is ``no``, or ``bf16`` over float32 weights
+    (``section``: the field names' prefix in the message, e.g. ``sft.``)."""
+    if mixed_precision not in ("no", "bf16"):
+        raise ConfigError(f"{section}mixed_precision must be 'no' or 'bf16', got {mixed_precision!r}")
+    if mixed_precision != "no" and dtype != "float32":
+        raise ConfigError(
+            f"{section}mixed_precision={mixed_precision} keeps float32 weights under autocast, but {section}dtype "
+            f"is {dtype}; set {section}dtype: float32 (or {section}mixed_precision: 'no' to train in {dtype} throughout)"
+        )
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Stepwise GRPO: steps, credit options, loss, optimiser, batching, LoRA, checkpoints, tracking."""
@@ -162,13 +174,7 @@ class TrainConfig:
             raise ConfigError(
                 f"graded_until={self.graded_until} needs reward.graded: true and a fraction of groups in (0, 1]"
             )
-        if self.mixed_precision not in ("no", "bf16"):
-            raise ConfigError(f"mixed_precision must be 'no' or 'bf16', got {self.mixed_precision!r}")
-        if self.mixed_precision != "no" and self.dtype != "float32":
-            raise ConfigError(
-                f"mixed_precision={self.mixed_precision} keeps float32 weights under autocast, but dtype is "
-                f"{self.dtype}; set dtype: float32 (or mixed_precision: 'no' to train in {self.dtype} throughout)"
-            )
+        check_mixed_precision(self.mixed_precision, self.dtype)
         if self.updates_per_rollout < 1:
             raise ConfigError(f"updates_per_rollout must be >= 1, got {self.updates_per_rollout}")
         if self.max_tokens_per_microbatch < 2:

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ctxrl.errors import ConfigError, UsageError
-from ctxrl.train.config import LoraSettings
+from ctxrl.train.config import LoraSettings, check_mixed_precision
 from ctxrl.train.rows import episode_rows
 from ctxrl.train.run_folder import json_lines
 from ctxrl.train.trajectory import EpisodeRecord
@@ -130,13 +130,7 @@ class SFTConfig:
             raise ConfigError(
                 f"sft.max_grad_norm must be > 0 (or null to disable clipping), got {self.max_grad_norm}"
             )
-        if self.mixed_precision not in ("no", "bf16"):
-            raise ConfigError(f"sft.mixed_precision must be 'no' or 'bf16', got {self.mixed_precision!r}")
-        if self.mixed_precision != "no" and self.dtype != "float32":
-            raise ConfigError(
-                f"sft.mixed_precision={self.mixed_precision} keeps float32 weights under autocast, but sft.dtype "
-                f"is {self.dtype}; set sft.dtype: float32"
-            )
+        check_mixed_precision(self.mixed_precision, self.dtype, "sft.")
         if self.log_every < 1:
             raise ConfigError(f"sft.log_every must be >= 1, got {self.log_every}")
         if self.decision_copies < 0 or self.heldout_episodes < 0:
