@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -410,7 +411,7 @@ def test_vllm_engine_weight_update_matches_transformers(
 def test_weights_reach_a_bfloat16_engine_in_its_dtype_rounded_as_its_loader_would() -> None:
     import torch
 
-    from ctxrl.train.engines.vllm_engine import weights_in_dtype
+    from ctxrl.train.engines.vllm_engine import VLLMEngine, weights_in_dtype
 
     gen = torch.Generator().manual_seed(0)
     state = {"w": torch.randn(64, 8, generator=gen), "ids": torch.arange(4), "h": torch.randn(3).bfloat16()}
@@ -424,6 +425,28 @@ def test_weights_reach_a_bfloat16_engine_in_its_dtype_rounded_as_its_loader_woul
     loaded = torch.empty(64, 8, dtype=torch.bfloat16)
     loaded.copy_(state["w"])  # what vLLM's default weight loader does with a float32 tensor
     assert torch.equal(out["w"], loaded) and not torch.equal(out["w"].float(), state["w"])
+    # and update_weights hands the engine those tensors (a stand-in for vllm.LLM that records what its
+    # worker's reload_weights receives: the wiring, which a real bfloat16 engine would only warn about)
+    received: dict[str, torch.Tensor] = {}
+
+    def collective_rpc(method: str, kwargs: dict[str, Any]) -> None:
+        assert method == "reload_weights"
+        received.update(kwargs["weights_iterator"])
+
+    config = SimpleNamespace(dtype=torch.bfloat16, max_model_len=64, get_vocab_size=lambda: 100)
+    llm = SimpleNamespace(
+        llm_engine=SimpleNamespace(
+            model_config=config,
+            vllm_config=SimpleNamespace(cache_config=SimpleNamespace(block_size=16)),
+            model_executor=SimpleNamespace(
+                driver_worker=SimpleNamespace(model_runner=SimpleNamespace(model=object()))
+            ),
+        ),
+        collective_rpc=collective_rpc,
+        reset_prefix_cache=lambda: True,
+    )
+    VLLMEngine.from_llm(llm).update_weights(state)
+    assert received["w"].dtype == torch.bfloat16 and torch.equal(received["w"], loaded)
     assert dict(weights_in_dtype(state, torch.float32))["w"].dtype == torch.float32  # a float32 engine: as is
 
 

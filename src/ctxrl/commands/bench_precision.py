@@ -50,9 +50,8 @@ FULL = PrecisionSizes("smollm2-135m-instruct", 8, 1300, 200, 64, 64, 6, 3)
 QUICK = PrecisionSizes("tiny", 2, 64, 16, 8, 8, 2, 1)
 
 DTYPES = ("float32", "bfloat16")
-UPDATE_ARMS = {"float32": ("float32", "no"), "bfloat16": ("bfloat16", "no"), "autocast": ("float32", "bf16")}
-"""The update's arms: name -> (``train.dtype``, ``train.mixed_precision``)."""
-FIGURE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "autocast": "autocast"}
+UPDATE_ARMS = {"fp32": ("float32", "no"), "bf16": ("bfloat16", "no"), "autocast": ("float32", "bf16")}
+"""The update's arms, by the name their figures carry: (``train.dtype``, ``train.mixed_precision``)."""
 
 
 def _rows(sizes: PrecisionSizes, vocab: int) -> list[Any]:
@@ -104,13 +103,13 @@ def _update(model_dir: Path, sizes: PrecisionSizes) -> dict[str, float]:
             per_batch = layout_logprobs(model, units, torch.device("cpu"))
         seconds[arm] = statistics.median(times)
         logprobs[arm] = torch.cat([lp.double().reshape(-1) for unit in per_batch for lp in unit])
-        figures[f"update_{FIGURE_NAMES[arm]}_s"] = seconds[arm]
-    at_loss = logprobs["float32"] != 0  # every other position is 0 (no logit is taken there)
-    for arm in ("bfloat16", "autocast"):
-        diff = (logprobs[arm] - logprobs["float32"])[at_loss].abs()
-        figures[f"{FIGURE_NAMES[arm]}_update_speedup"] = seconds["float32"] / seconds[arm]
-        figures[f"{FIGURE_NAMES[arm]}_logprob_abs_diff_mean"] = float(diff.mean())
-        figures[f"{FIGURE_NAMES[arm]}_logprob_abs_diff_max"] = float(diff.max())
+        figures[f"update_{arm}_s"] = seconds[arm]
+    at_loss = logprobs["fp32"] != 0  # every other position is 0 (no logit is taken there)
+    for arm in ("bf16", "autocast"):
+        diff = (logprobs[arm] - logprobs["fp32"])[at_loss].abs()
+        figures[f"{arm}_update_speedup"] = seconds["fp32"] / seconds[arm]
+        figures[f"{arm}_logprob_abs_diff_mean"] = float(diff.mean())
+        figures[f"{arm}_logprob_abs_diff_max"] = float(diff.max())
     return figures
 
 

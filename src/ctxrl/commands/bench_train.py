@@ -800,6 +800,8 @@ def _smollm2_step(sizes: StepSizes, tmp: Path) -> dict[str, float]:
     # gradient; the adapters' own FLOPs are a rounding error at r = 16)
     update_flops = 2.0 * layout_flops(units, geometry)
     matmul = matmul_flops_per_s(sizes.matmul_n)
+    # the targets are against the fp32 rate; in bf16 the bf16 rate says how far the work is from its own bound
+    matmul_bf16 = matmul_flops_per_s(sizes.matmul_n, dtype=torch.bfloat16) if bf16 else None
     figures: dict[str, float] = {
         "smollm2_episodes": float(len(episodes)),
         "smollm2_rows": float(len(rows)),
@@ -814,18 +816,16 @@ def _smollm2_step(sizes: StepSizes, tmp: Path) -> dict[str, float]:
         "smollm2_rollout_s": rollout_s,
         "smollm2_step_s": rollout_s + update_s + sync_s,
     }
-    if bf16:  # the targets are against the fp32 rate; this says how far the bf16 work is from its own bound
-        matmul_bf16 = matmul_flops_per_s(sizes.matmul_n, dtype=torch.bfloat16)
+    if matmul_bf16 is not None:
         figures["matmul_bf16_gflops"] = matmul_bf16 / 1e9
         figures["update_flops_efficiency_vs_bf16"] = update_flops / new_s / matmul_bf16
     if engine_spec(
         sizes.engine
     ).has_model:  # a scripted engine runs no model: its rollout does no model FLOPs
-        figures["rollout_flops_efficiency"] = rollout_flops(episodes, model) / rollout_s / matmul
-        if bf16:
-            figures["rollout_flops_efficiency_vs_bf16"] = (
-                rollout_flops(episodes, model) / rollout_s / matmul_bf16
-            )
+        done = rollout_flops(episodes, model) / rollout_s
+        figures["rollout_flops_efficiency"] = done / matmul
+        if matmul_bf16 is not None:
+            figures["rollout_flops_efficiency_vs_bf16"] = done / matmul_bf16
         # decoding a small batch is bound by reading the weights once per pass, not by FLOPs (the engine's
         # weights: 2 bytes a parameter in bfloat16)
         weight_bytes = sum(
