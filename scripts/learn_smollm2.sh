@@ -44,6 +44,12 @@
 #   grpo_lrd_w0_mid, eval_lrd_w0_mid, grpo_lrd_w0, test_lrd_w0, compare_test_lrd_w0, eval_lrd_w0, compare_lrd_w0
 #               the sixth arm's ablation: the same at w_eff = 0 (KEEP/summary_test_lrd_w0.json,
 #               KEEP/summary_lrd_w0.json: the start, the sixth arm and this one)
+#   grpo_wide_mid, eval_wide_mid, grpo_wide, test_wide, compare_test_wide, eval_wide, compare_wide   a seventh arm,
+#               the sixth one with 4 tasks a step instead of 2 (32 episodes) and trained in bf16 (autocast over
+#               float32 weights, a bf16 vLLM engine for its rollouts; evaluations stay in float32 as for every
+#               arm): KEEP/summary_test_wide.json and KEEP/summary_wide.json against the start and the sixth arm
+#   grpo_wide_w0_mid, eval_wide_w0_mid, grpo_wide_w0, test_wide_w0, compare_test_wide_w0, eval_wide_w0,
+#               compare_wide_w0   its ablation at w_eff = 0 (KEEP/summary_test_wide_w0.json, KEEP/summary_wide_w0.json)
 # Sizes: HELDOUT, MID, STEPS (environment). KEY=VALUE arguments go to both GRPO arms (e.g. train.lr=1e-4).
 #
 # Across sessions. OUT holds the working files (demonstrations, merged models, full checkpoints); KEEP (default
@@ -250,4 +256,24 @@ stage test_lrd_w0 evaluate_run test_lrd_w0 grpo_lrd_w0 "$STEPS" "$HELDOUT" eval.
 stage compare_test_lrd_w0 "$CTXRL" compare "$KEEP/test_start" "$KEEP/test_lrd" "$KEEP/test_lrd_w0" --out "$KEEP/summary_test_lrd_w0.json"
 stage eval_lrd_w0 evaluate_run eval_lrd_w0 grpo_lrd_w0 "$STEPS" "$HELDOUT"
 stage compare_lrd_w0 "$CTXRL" compare "$KEEP/eval_$([ "$START" = sft ] && echo sft || echo ei)" "$KEEP/eval_lrd" "$KEEP/eval_lrd_w0" --out "$KEEP/summary_lrd_w0.json"
+# A seventh arm: the sixth with twice the tasks a step (one run's trajectory was the dominant noise at 2 tasks x
+# G = 8), trained in bf16 to pay for them (train.mixed_precision=bf16 needs a CPU with bf16 arithmetic: AMX or
+# AVX512-BF16; elsewhere it is slower than float32). Then its w_eff = 0 twin, compared with it, not with fp32 arms.
+WIDE=("${LRD[@]}" tasks.count=4 train.mixed_precision=bf16 engine.dtype=bfloat16)
+WIDE_W0=("${WIDE[@]}" advantages.w_eff=0)
+START_EVAL="$KEEP/eval_$([ "$START" = sft ] && echo sft || echo ei)"
+stage grpo_wide_mid arm grpo_wide "$MID" "${WIDE[@]}" "$@"
+stage eval_wide_mid evaluate_run eval_wide_mid grpo_wide "$MID" 32
+stage grpo_wide arm grpo_wide "$STEPS" "${WIDE[@]}" "$@"
+stage test_wide evaluate_run test_wide grpo_wide "$STEPS" "$HELDOUT" eval.split=test
+stage compare_test_wide "$CTXRL" compare "$KEEP/test_start" "$KEEP/test_wide" "$KEEP/test_lrd" --out "$KEEP/summary_test_wide.json"
+stage eval_wide evaluate_run eval_wide grpo_wide "$STEPS" "$HELDOUT"
+stage compare_wide "$CTXRL" compare "$START_EVAL" "$KEEP/eval_wide" "$KEEP/eval_lrd" --out "$KEEP/summary_wide.json"
+stage grpo_wide_w0_mid arm grpo_wide_w0 "$MID" "${WIDE_W0[@]}" "$@"
+stage eval_wide_w0_mid evaluate_run eval_wide_w0_mid grpo_wide_w0 "$MID" 32
+stage grpo_wide_w0 arm grpo_wide_w0 "$STEPS" "${WIDE_W0[@]}" "$@"
+stage test_wide_w0 evaluate_run test_wide_w0 grpo_wide_w0 "$STEPS" "$HELDOUT" eval.split=test
+stage compare_test_wide_w0 "$CTXRL" compare "$KEEP/test_start" "$KEEP/test_wide" "$KEEP/test_wide_w0" --out "$KEEP/summary_test_wide_w0.json"
+stage eval_wide_w0 evaluate_run eval_wide_w0 grpo_wide_w0 "$STEPS" "$HELDOUT"
+stage compare_wide_w0 "$CTXRL" compare "$START_EVAL" "$KEEP/eval_wide" "$KEEP/eval_wide_w0" --out "$KEEP/summary_wide_w0.json"
 echo "== done: $KEEP/summary.json; stage times (s) in $KEEP/times.tsv"
