@@ -1,6 +1,6 @@
 """Where one SFT step of SmolLM2 spends its time, in float32 and under bfloat16 autocast.
 
-    python scripts/probe_sft_step.py [LENGTH] [LOSS_TOKENS] [--profile]
+    python scripts/probe_sft_step.py [LENGTH] [LOSS_TOKENS] [--profile] [--casts]
     python scripts/probe_sft_step.py 2048 600 --profile
 
 One LoRA (r = 16) supervised step of SmolLM2-135M-Instruct on a single row of LENGTH random token ids, the
@@ -8,7 +8,9 @@ loss on its last LOSS_TOKENS, through the SFT path's own update (:func:`ctxrl.tr
 the layout :func:`ctxrl.train.update.make_layout` picks), as ``configs/sft_smollm2.yaml`` runs it: one
 sequence a step. Each precision (``train.mixed_precision`` ``no`` and ``bf16``) runs one untimed step, then
 two timed ones; it prints seconds a step and tokens a second, and with ``--profile`` torch's profiler table
-of one more step (top operators by self CPU time). Used for the "Sixth run" section of
+of one more step (top operators by self CPU time); with ``--casts`` it counts the dtype casts
+(``aten::_to_copy``) of one more step and their time, split into weight-shaped ones (a 2-D input of more than
+one row: autocast rounding a weight to bf16) and the others (activations, id rows). Used for the "Sixth run" section of
 docs/train_throughput.md.
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -26,9 +29,27 @@ from ctxrl.train.rows import Row
 from ctxrl.train.update import layout_sizes, make_layout, nll_backward, precision_context
 
 
+def count_casts(step: Callable[[], object]) -> dict[str, tuple[int, float]]:
+    """``{"weight" | "activation": (calls, seconds)}`` of the ``aten::_to_copy`` calls one ``step()`` makes."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as run_profiler
+
+    with run_profiler(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        step()
+    found: dict[str, tuple[int, float]] = {"weight": (0, 0.0), "activation": (0, 0.0)}
+    for event in prof.events():
+        if event.name == "aten::_to_copy" and event.input_shapes and event.input_shapes[0]:
+            shape = event.input_shapes[0]
+            kind = "weight" if len(shape) == 2 and shape[0] > 1 else "activation"  # not a [1, T] id row
+            calls, seconds = found[kind]
+            found[kind] = (calls + 1, seconds + event.cpu_time_total / 1e6)
+    return found
+
+
 def main(argv: list[str]) -> None:
     profile = "--profile" in argv
-    args = [a for a in argv if a != "--profile"]
+    casts = "--casts" in argv
+    args = [a for a in argv if a not in ("--profile", "--casts")]
     length = int(args[0]) if args else 2048
     n_loss = int(args[1]) if len(args) > 1 else 600
     model_dir = get_model("smollm2-135m-instruct")
@@ -55,6 +76,13 @@ def main(argv: list[str]) -> None:
                 with run_profiler(activities=[ProfilerActivity.CPU]) as prof:
                     nll_backward(model, units, num_loss_tokens=n_loss)
                 print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12), flush=True)
+            if casts:
+                found = count_casts(lambda: nll_backward(model, units, num_loss_tokens=n_loss))
+                print(
+                    f"casts mixed_precision={mixed}: "
+                    + ", ".join(f"{kind} {calls} calls {seconds:.2f} s" for kind, (calls, seconds) in found.items()),
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

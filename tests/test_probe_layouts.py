@@ -3,6 +3,7 @@ rotted once: a renamed config accessor broke it with nothing in the suite to not
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -59,7 +60,7 @@ def test_attention_probe_times_the_mask_against_the_two_kinds_without_one() -> N
 
 def test_sft_step_probe_times_and_profiles_both_precisions() -> None:
     done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "probe_sft_step.py"), "48", "8", "--profile"],
+        [sys.executable, str(ROOT / "scripts" / "probe_sft_step.py"), "48", "8", "--profile", "--casts"],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
@@ -68,3 +69,12 @@ def test_sft_step_probe_times_and_profiles_both_precisions() -> None:
     assert (
         sum(line.startswith("Self CPU time total") for line in done.stdout.splitlines()) == 2
     )  # a table each
+    casts = {
+        line.split(":")[0]: [int(n) for n in re.findall(r"(\d+) calls", line)]
+        for line in done.stdout.splitlines()
+        if line.startswith("casts ")
+    }
+    # float32 casts no weight; bf16 autocast rounds each of SmolLM2's 30 x 7 frozen projections, the LM head and
+    # the 30 x 7 x 2 LoRA factors once in the step's forward pass: 631, and none again in the backward
+    assert casts["casts mixed_precision=no"][0] == 0
+    assert casts["casts mixed_precision=bf16"][0] == 30 * 7 + 1 + 30 * 7 * 2
