@@ -19,6 +19,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -77,10 +78,12 @@ def main(argv: list[str]) -> None:
                     nll_backward(model, units, num_loss_tokens=n_loss)
                 print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12), flush=True)
             if casts:
-                found = count_casts(lambda: nll_backward(model, units, num_loss_tokens=n_loss))
+                found = count_casts(partial(nll_backward, model, units, num_loss_tokens=n_loss))
                 print(
                     f"casts mixed_precision={mixed}: "
-                    + ", ".join(f"{kind} {calls} calls {seconds:.2f} s" for kind, (calls, seconds) in found.items()),
+                    + ", ".join(
+                        f"{kind} {calls} calls {seconds:.2f} s" for kind, (calls, seconds) in found.items()
+                    ),
                     flush=True,
                 )
 
