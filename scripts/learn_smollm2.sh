@@ -191,6 +191,22 @@ evaluate_run() {  # evaluate_run NAME RUN STEP EPISODES [KEY=VALUE...]: export t
   "$CTXRL" export --run "$OUT/$run" --step "$step" --out "$OUT/$name.model"
   evaluate "$name" "$OUT/$name.model" "$episodes" "$@"
 }
+START_EVAL="$KEEP/eval_$([ "$START" = sft ] && echo sft || echo ei)"
+arm_stages() {  # arm_stages NAME "TEST_A TEST_B" "DEV_A DEV_B" KEY=VALUE...: one arm (grpo_NAME) in the order a kept
+  # run needs (its step-MID evaluation before the run goes past MID), its test and dev evaluations compared with
+  # the start's: KEEP/summary_test_NAME.json (start, TEST_A, TEST_B) and KEEP/summary_NAME.json (start, DEV_A, DEV_B)
+  local name="$1" test_pair="$2" dev_pair="$3"
+  shift 3
+  stage "grpo_${name}_mid" arm "grpo_$name" "$MID" "$@"
+  stage "eval_${name}_mid" evaluate_run "eval_${name}_mid" "grpo_$name" "$MID" 32
+  stage "grpo_$name" arm "grpo_$name" "$STEPS" "$@"
+  stage "test_$name" evaluate_run "test_$name" "grpo_$name" "$STEPS" "$HELDOUT" eval.split=test
+  stage "compare_test_$name" "$CTXRL" compare "$KEEP/test_start" "$KEEP/${test_pair% *}" "$KEEP/${test_pair#* }" \
+    --out "$KEEP/summary_test_$name.json"
+  stage "eval_$name" evaluate_run "eval_$name" "grpo_$name" "$STEPS" "$HELDOUT"
+  stage "compare_$name" "$CTXRL" compare "$START_EVAL" "$KEEP/${dev_pair% *}" "$KEEP/${dev_pair#* }" \
+    --out "$KEEP/summary_$name.json"
+}
 merged "$START" "$([ "$START" = sft ] && echo "$BASE" || echo "$OUT/sft/model")"
 stage grpo_mid arm grpo "$MID" "$@"
 stage grpo_w0_mid arm grpo_w0 "$MID" advantages.w_eff=0 "$@"
@@ -200,12 +216,12 @@ stage grpo arm grpo "$STEPS" "$@"
 stage grpo_w0 arm grpo_w0 "$STEPS" advantages.w_eff=0 "$@"
 stage eval_grpo evaluate_run eval_grpo grpo "$STEPS" "$HELDOUT"
 stage eval_w0 evaluate_run eval_w0 grpo_w0 "$STEPS" "$HELDOUT"
-stage compare "$CTXRL" compare "$KEEP/eval_$([ "$START" = sft ] && echo sft || echo ei)" "$KEEP/eval_grpo" "$KEEP/eval_w0" --out "$KEEP/summary.json"
+stage compare "$CTXRL" compare "$START_EVAL" "$KEEP/eval_grpo" "$KEEP/eval_w0" --out "$KEEP/summary.json"
 stage grpo_act_mid arm grpo_act "$MID" advantages.efficiency_tokens=actions "$@"
 stage eval_act_mid evaluate_run eval_act_mid grpo_act "$MID" 32
 stage grpo_act arm grpo_act "$STEPS" advantages.efficiency_tokens=actions "$@"
 stage eval_act evaluate_run eval_act grpo_act "$STEPS" "$HELDOUT"
-stage compare_act "$CTXRL" compare "$KEEP/eval_$([ "$START" = sft ] && echo sft || echo ei)" "$KEEP/eval_act" "$KEEP/eval_w0" --out "$KEEP/summary_actions.json"
+stage compare_act "$CTXRL" compare "$START_EVAL" "$KEEP/eval_act" "$KEEP/eval_w0" --out "$KEEP/summary_actions.json"
 # The final table on the untouched test split: the start and every arm's last checkpoint, the same HELDOUT tasks.
 stage test_start evaluate test_start "$OUT/$START/model" "$HELDOUT" eval.split=test
 stage test_grpo evaluate_run test_grpo grpo "$STEPS" "$HELDOUT" eval.split=test
@@ -213,13 +229,7 @@ stage test_w0 evaluate_run test_w0 grpo_w0 "$STEPS" "$HELDOUT" eval.split=test
 stage test_act evaluate_run test_act grpo_act "$STEPS" "$HELDOUT" eval.split=test
 stage compare_test "$CTXRL" compare "$KEEP/test_start" "$KEEP/test_grpo" "$KEEP/test_w0" --out "$KEEP/summary_test.json"
 stage compare_test_act "$CTXRL" compare "$KEEP/test_start" "$KEEP/test_act" "$KEEP/test_w0" --out "$KEEP/summary_test_actions.json"
-stage grpo_rank_mid arm grpo_rank "$MID" advantages.efficiency_tokens=actions advantages.efficiency=rank "$@"
-stage eval_rank_mid evaluate_run eval_rank_mid grpo_rank "$MID" 32
-stage grpo_rank arm grpo_rank "$STEPS" advantages.efficiency_tokens=actions advantages.efficiency=rank "$@"
-stage test_rank evaluate_run test_rank grpo_rank "$STEPS" "$HELDOUT" eval.split=test
-stage compare_test_rank "$CTXRL" compare "$KEEP/test_start" "$KEEP/test_rank" "$KEEP/test_act" --out "$KEEP/summary_test_rank.json"
-stage eval_rank evaluate_run eval_rank grpo_rank "$STEPS" "$HELDOUT"
-stage compare_rank "$CTXRL" compare "$KEEP/eval_$([ "$START" = sft ] && echo sft || echo ei)" "$KEEP/eval_rank" "$KEEP/eval_act" --out "$KEEP/summary_rank.json"
+arm_stages rank "test_rank test_act" "eval_rank eval_act" advantages.efficiency_tokens=actions advantages.efficiency=rank "$@"
 LR=(advantages.efficiency_tokens=actions train.lr=2e-4)
 LR_W0=("${LR[@]}" advantages.w_eff=0)
 stage grpo_lr_mid arm grpo_lr "$MID" "${LR[@]}" "$@"
@@ -243,37 +253,18 @@ stage grpo_lr_w0 arm grpo_lr_w0 "$STEPS" "${LR_W0[@]}" "$@"
 stage test_lr_w0 evaluate_run test_lr_w0 grpo_lr_w0 "$STEPS" "$HELDOUT" eval.split=test
 stage compare_test_lr_w0 "$CTXRL" compare "$KEEP/test_start" "$KEEP/test_lr" "$KEEP/test_lr_w0" --out "$KEEP/summary_test_lr_w0.json"
 stage eval_lr evaluate_run eval_lr grpo_lr "$STEPS" "$HELDOUT"
-stage compare_lr "$CTXRL" compare "$KEEP/eval_$([ "$START" = sft ] && echo sft || echo ei)" "$KEEP/eval_lr" "$KEEP/eval_act" --out "$KEEP/summary_lr.json"
-stage compare_lrd "$CTXRL" compare "$KEEP/eval_$([ "$START" = sft ] && echo sft || echo ei)" "$KEEP/eval_lrd" "$KEEP/eval_lr" --out "$KEEP/summary_lrd.json"
+stage compare_lr "$CTXRL" compare "$START_EVAL" "$KEEP/eval_lr" "$KEEP/eval_act" --out "$KEEP/summary_lr.json"
+stage compare_lrd "$CTXRL" compare "$START_EVAL" "$KEEP/eval_lrd" "$KEEP/eval_lr" --out "$KEEP/summary_lrd.json"
 stage eval_lr_w0 evaluate_run eval_lr_w0 grpo_lr_w0 "$STEPS" "$HELDOUT"
-stage compare_lr_w0 "$CTXRL" compare "$KEEP/eval_$([ "$START" = sft ] && echo sft || echo ei)" "$KEEP/eval_lr" "$KEEP/eval_lr_w0" --out "$KEEP/summary_lr_w0.json"
+stage compare_lr_w0 "$CTXRL" compare "$START_EVAL" "$KEEP/eval_lr" "$KEEP/eval_lr_w0" --out "$KEEP/summary_lr_w0.json"
 # The sixth arm's ablation: the same decaying rate at w_eff = 0 (a full run of its own, 2026-12-05).
 LRD_W0=("${LRD[@]}" advantages.w_eff=0)
-stage grpo_lrd_w0_mid arm grpo_lrd_w0 "$MID" "${LRD_W0[@]}" "$@"
-stage eval_lrd_w0_mid evaluate_run eval_lrd_w0_mid grpo_lrd_w0 "$MID" 32
-stage grpo_lrd_w0 arm grpo_lrd_w0 "$STEPS" "${LRD_W0[@]}" "$@"
-stage test_lrd_w0 evaluate_run test_lrd_w0 grpo_lrd_w0 "$STEPS" "$HELDOUT" eval.split=test
-stage compare_test_lrd_w0 "$CTXRL" compare "$KEEP/test_start" "$KEEP/test_lrd" "$KEEP/test_lrd_w0" --out "$KEEP/summary_test_lrd_w0.json"
-stage eval_lrd_w0 evaluate_run eval_lrd_w0 grpo_lrd_w0 "$STEPS" "$HELDOUT"
-stage compare_lrd_w0 "$CTXRL" compare "$KEEP/eval_$([ "$START" = sft ] && echo sft || echo ei)" "$KEEP/eval_lrd" "$KEEP/eval_lrd_w0" --out "$KEEP/summary_lrd_w0.json"
+arm_stages lrd_w0 "test_lrd test_lrd_w0" "eval_lrd eval_lrd_w0" "${LRD_W0[@]}" "$@"
 # A seventh arm: the sixth with twice the tasks a step (one run's trajectory was the dominant noise at 2 tasks x
 # G = 8), trained in bf16 to pay for them (train.mixed_precision=bf16 needs a CPU with bf16 arithmetic: AMX or
 # AVX512-BF16; elsewhere it is slower than float32). Then its w_eff = 0 twin, compared with it, not with fp32 arms.
 WIDE=("${LRD[@]}" tasks.count=4 train.mixed_precision=bf16 engine.dtype=bfloat16)
 WIDE_W0=("${WIDE[@]}" advantages.w_eff=0)
-START_EVAL="$KEEP/eval_$([ "$START" = sft ] && echo sft || echo ei)"
-stage grpo_wide_mid arm grpo_wide "$MID" "${WIDE[@]}" "$@"
-stage eval_wide_mid evaluate_run eval_wide_mid grpo_wide "$MID" 32
-stage grpo_wide arm grpo_wide "$STEPS" "${WIDE[@]}" "$@"
-stage test_wide evaluate_run test_wide grpo_wide "$STEPS" "$HELDOUT" eval.split=test
-stage compare_test_wide "$CTXRL" compare "$KEEP/test_start" "$KEEP/test_wide" "$KEEP/test_lrd" --out "$KEEP/summary_test_wide.json"
-stage eval_wide evaluate_run eval_wide grpo_wide "$STEPS" "$HELDOUT"
-stage compare_wide "$CTXRL" compare "$START_EVAL" "$KEEP/eval_wide" "$KEEP/eval_lrd" --out "$KEEP/summary_wide.json"
-stage grpo_wide_w0_mid arm grpo_wide_w0 "$MID" "${WIDE_W0[@]}" "$@"
-stage eval_wide_w0_mid evaluate_run eval_wide_w0_mid grpo_wide_w0 "$MID" 32
-stage grpo_wide_w0 arm grpo_wide_w0 "$STEPS" "${WIDE_W0[@]}" "$@"
-stage test_wide_w0 evaluate_run test_wide_w0 grpo_wide_w0 "$STEPS" "$HELDOUT" eval.split=test
-stage compare_test_wide_w0 "$CTXRL" compare "$KEEP/test_start" "$KEEP/test_wide" "$KEEP/test_wide_w0" --out "$KEEP/summary_test_wide_w0.json"
-stage eval_wide_w0 evaluate_run eval_wide_w0 grpo_wide_w0 "$STEPS" "$HELDOUT"
-stage compare_wide_w0 "$CTXRL" compare "$START_EVAL" "$KEEP/eval_wide" "$KEEP/eval_wide_w0" --out "$KEEP/summary_wide_w0.json"
+arm_stages wide "test_wide test_lrd" "eval_wide eval_lrd" "${WIDE[@]}" "$@"
+arm_stages wide_w0 "test_wide test_wide_w0" "eval_wide eval_wide_w0" "${WIDE_W0[@]}" "$@"
 echo "== done: $KEEP/summary.json; stage times (s) in $KEEP/times.tsv"

@@ -1,0 +1,113 @@
+"""scripts/learn_smollm2.sh, the learning benchmark's one command, plans its stages in an order a resumed run can
+follow: every comparison after the evaluations it reads, every step-MID evaluation before its run is trained past
+MID (a kept run holds its latest checkpoint only), and a second pass skips every finished stage. The stages'
+commands are stood in for by a recorder, so the plan is checked in a second, without a model."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FAKE_CTXRL = """#!/usr/bin/env bash
+# records the call; gives every --out what the script copies from it
+echo "$*" >> "$CALLS"
+while [ $# -gt 0 ]; do
+  if [ "$1" = --out ]; then mkdir -p "$2" && touch "$2/eval.json" "$2/eval.md"; fi
+  shift
+done
+"""
+FAKE_PY = """#!/usr/bin/env bash
+# the script's inline readers (-c) run for real; `-m ctxrl.train.keep` is recorded
+if [ "$1" = -c ]; then exec "$REAL_PY" "$@"; fi
+echo "py $*" >> "$CALLS"
+"""
+BEFORE_GRPO = ("demos", "sft", "calib", "ei", "eval_sft", "eval_ei")
+
+
+def _fixture(tmp_path: Path) -> dict[str, str]:
+    """A KEEP whose stages before GRPO are done (the calibration named `small`/file, the SFT start the better
+    one), an OUT with both merged starts, and the recorders; the script's environment."""
+    keep, out = tmp_path / "keep", tmp_path / "out"
+    (keep / "calibration").mkdir(parents=True)
+    (keep / "calibration" / "calibration.json").write_text(
+        json.dumps({"chosen": {"level": "small", "mode": "file"}})
+    )
+    for name, success in (("eval_sft", 0.6), ("eval_ei", 0.5)):
+        (keep / name).mkdir()
+        (keep / name / "eval.json").write_text(
+            json.dumps({"summary": {"file": {"overall": {"success": success}}}})
+        )
+    for name in BEFORE_GRPO:
+        (keep / f".{name}.done").touch()
+    for model in ("sft", "sft_ei"):
+        (out / model / "model").mkdir(parents=True)
+        (out / model / "model" / "config.json").write_text("{}")
+    for name, text in (("ctxrl", FAKE_CTXRL), ("py", FAKE_PY)):
+        (tmp_path / name).write_text(text)
+        (tmp_path / name).chmod(0o755)
+    return {
+        **os.environ,
+        "KEEP": str(keep),
+        "CTXRL": str(tmp_path / "ctxrl"),
+        "PY": str(tmp_path / "py"),
+        "REAL_PY": sys.executable,
+        "CALLS": str(tmp_path / "calls.txt"),
+    }
+
+
+def _run(env: dict[str, str]) -> tuple[list[tuple[str, str]], list[str]]:
+    """The stages the script announced, ``(name, command or "done before, skipped")``, and the calls it made."""
+    calls = Path(env["CALLS"])
+    calls.write_text("")
+    out = Path(env["KEEP"]).parent / "out"
+    done = subprocess.run(
+        ["bash", "scripts/learn_smollm2.sh", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    stages = [
+        (m.group(1), m.group(2))
+        for m in re.finditer(r"^== (\w+): (.*)$", done.stdout, re.MULTILINE)
+        if m.group(1) != "done"  # the closing line
+    ]
+    return stages, calls.read_text().splitlines()
+
+
+def test_every_stage_comes_after_what_it_reads_and_a_second_pass_skips_them_all(tmp_path: Path) -> None:
+    env = _fixture(tmp_path)
+    stages, calls = _run(env)
+    ran = [(name, command) for name, command in stages if command != "done before, skipped"]
+    names = [name for name, _ in ran]
+    assert len(names) == len(set(names)) and len(names) > 40
+    assert "grpo_mid" in names and names[-1] == "compare_wide_w0"
+    position = {name: i for i, name in enumerate(names)}
+    for i, (name, command) in enumerate(ran):
+        if name.startswith("compare"):
+            # every folder a comparison reads was written by an evaluation stage that ran before it
+            read = re.findall(r"/keep/(\w+)(?= |$)", command.split(" --out ")[0])
+            assert len(read) == 3, command
+            for folder in read:
+                assert folder in BEFORE_GRPO or position[folder] < i, (
+                    f"{name} reads {folder} before it exists"
+                )
+        mid = re.match(r"evaluate_run (\w+) (\w+) 10 ", command)
+        if mid:  # a step-10 evaluation comes before its run is trained to step 20
+            assert i < position[mid.group(2)], f"{name} evaluates {mid.group(2)} at step 10 after it moved on"
+            assert position[f"{mid.group(2)}_mid"] < i
+    # the arms pass their settings on to `ctxrl train`; the bf16 arm and its twin differ only in w_eff
+    trains = {c.split(" --out ")[1].split()[0].rsplit("/", 1)[1]: c for c in calls if c.startswith("train ")}
+    assert "train.mixed_precision=bf16" in trains["grpo_wide"] and "tasks.count=4" in trains["grpo_wide"]
+    assert (
+        trains["grpo_wide_w0"].replace(" advantages.w_eff=0", "").replace("grpo_wide_w0", "grpo_wide")
+        == (trains["grpo_wide"])
+    )
+    again, calls_again = _run(env)
+    assert [name for name, _ in again] == [name for name, _ in stages]
+    assert all(command == "done before, skipped" for _, command in again)
+    assert not [c for c in calls_again if c.startswith(("train ", "eval ", "compare "))]
