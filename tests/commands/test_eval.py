@@ -32,6 +32,7 @@ def test_eval_end_to_end_writes_json_and_markdown(tmp_path: Path, capsys: pytest
     assert metrics["cost/file-manager/offload"] > metrics["cost/file-manager/repo"] > 0
     record = json.loads((out / "eval.json").read_text())
     assert record["command"] == "ctxrl eval " + " ".join(overrides)
+    assert record["model"]["exported_from"] is None  # scripted policies: no exported checkpoint
     assert len(record["episodes"]["file-manager"]) == 4
     assert record["summary"]["append"]["offload"]["success"] == 0.0
     md = (out / "eval.md").read_text()

@@ -24,6 +24,7 @@ from ctxrl.errors import ConfigError, UsageError
 from ctxrl.publish.export import (
     ExportMismatchError,
     export_run,
+    exported_from,
     find_checkpoint,
     load_training_model,
     verify_export,
@@ -154,6 +155,9 @@ def test_full_model_export_of_an_earlier_step(
     # no evolved skill and no rollout.skill: the mode's default skill
     assert (out / "SKILL.md").read_text() == default_skill("tools")
     assert json.loads((out / "ctxrl_export.json").read_text())["kind"] == "full"
+    # what `ctxrl eval` records of the model it evaluated: this run's step 1; nothing for a base model
+    assert exported_from(out) == {"run": str(run), "step": 1}
+    assert exported_from(tiny_model_dir) is None and exported_from(None) is None
 
 
 def test_adapter_only_writes_the_adapter_and_tokenizer(lora_run: Path, tmp_path: Path) -> None:

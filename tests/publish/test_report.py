@@ -578,3 +578,24 @@ def test_an_ablation_folder_shows_both_arms_and_the_held_out_comparison(
 
     (tmp_path / "summary.json").write_text('{"heldout_tasks": 64}')
     assert "summary.json: not the summary of 'ctxrl compare'" in _error(capsys, ["report", str(tmp_path)])
+
+
+def test_held_out_points_go_to_the_runs_the_summary_evaluated() -> None:
+    """A summary that records where each evaluated model was exported from puts its held-out points on those
+    runs' curves, at the evaluated step, and on no other arm's, whatever its keys are called; an older summary
+    without that record still names its arms by its keys."""
+    from ctxrl.publish.report.plots import held_out
+
+    summary = {
+        "sft_success": 0.5, "grpo_success": 0.625, "grpo_w0_success": 0.6875,
+        "exported_from": {
+            "sft": None,
+            "grpo": {"run": "runs/ladder/grpo_wide", "step": 20},
+            "grpo_w0": {"run": "runs/ladder/grpo_wide_w0", "step": 10},
+        },
+    }  # fmt: skip
+    assert held_out(summary, "grpo_wide") == (0.625, 20)
+    assert held_out(summary, "grpo_wide_w0") == (0.6875, 10)
+    assert held_out(summary, "grpo") is None and held_out(summary, "grpo_w0") is None
+    older = {k: v for k, v in summary.items() if k != "exported_from"}
+    assert held_out(older, "grpo") == (0.625, None) and held_out(older, "grpo_wide") is None

@@ -79,6 +79,21 @@ def test_a_trained_policy_that_solves_more_for_less(tmp_path: Path) -> None:
     )
 
 
+def test_the_summary_names_the_run_behind_each_policy(tmp_path: Path) -> None:
+    """An eval of an exported checkpoint records its run and step; the summary carries them per arm (None
+    for the start, which no training run wrote, and for an eval that recorded nothing)."""
+    wins, flops = [True, False, True, False], [1e11] * 4
+    s = _eval(tmp_path / "s", "file", wins, flops)
+    t = _eval(tmp_path / "t", "file", wins, flops)
+    record = json.loads((t / "eval.json").read_text())
+    record["model"] = {"path": "runs/t.model", "exported_from": {"run": "runs/ladder/grpo_wide", "step": 20}}
+    (t / "eval.json").write_text(json.dumps(record))
+    out = compare(load_outcomes(s), load_outcomes(t), load_outcomes(s))
+    assert out["exported_from"] == {
+        "sft": None, "grpo": {"run": "runs/ladder/grpo_wide", "step": 20}, "grpo_w0": None,
+    }  # fmt: skip
+
+
 def test_the_episode_shape_counts_what_each_policy_did(tmp_path: Path) -> None:
     # the start edits in every episode; the trained policy stops editing in three of four, two of them solved
     start = [{"steps": 4, "prompt_tokens": 4000, "edits": 1, "reason": "submit"}] * 4

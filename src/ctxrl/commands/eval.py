@@ -13,10 +13,11 @@ its standard error, prompt tokens per episode, compute per episode (FLOPs of the
 prefix-cache reuse, :mod:`ctxrl.rewards.cost`; the tiny model's for scripted policies), edits and rollbacks
 per episode, and receipts by kind per episode.
 
-Outputs: the table on stdout; with ``--out DIR``, ``eval.json`` (config, summary, every episode's summary),
-``eval.md`` (the table with the command and date), ``config.yaml`` and ``trajectories.jsonl`` (every
-episode's full record); with ``--json FILE``, flat ``{metric: number}`` with ``success/<policy>/<family>``,
-``cost/<policy>/<family>`` and the other figures (``<family>`` includes ``overall``).
+Outputs: the table on stdout; with ``--out DIR``, ``eval.json`` (config, the model folder and the training run
+and step it was exported from, summary, every episode's summary), ``eval.md`` (the table with the command and
+date), ``config.yaml`` and ``trajectories.jsonl`` (every episode's full record); with ``--json FILE``, flat
+``{metric: number}`` with ``success/<policy>/<family>``, ``cost/<policy>/<family>`` and the other figures
+(``<family>`` includes ``overall``).
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ def eval_command(
     """Run the evaluation ``config`` describes; write the outputs; return the summary table."""
     from ctxrl.env.tasks.registry import FAMILIES, make_task
     from ctxrl.env.tasks.splits import split_seeds
+    from ctxrl.publish.export import exported_from
     from ctxrl.train.rollout import rollout
     from ctxrl.train.trajectory import save_trajectories
 
@@ -148,6 +150,11 @@ def eval_command(
                 "difficulty": ev.difficulty,
                 "episodes_per_family": ev.episodes,
                 "seeds": [seeds.start, seeds.stop - 1],
+            },
+            # the policy's origin, so that a comparison can name the training run behind each row
+            "model": {
+                "path": None if folder is None else str(folder),
+                "exported_from": exported_from(folder),
             },
             "summary": table,
             "episodes": results,

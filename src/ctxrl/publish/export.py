@@ -388,6 +388,15 @@ def _write_harness(ckpt: RunCheckpoint, into: Path) -> tuple[str, str]:
     return rollout.mode, source
 
 
+def exported_from(folder: Path | None) -> dict[str, Any] | None:
+    """The training run and step a model folder was exported from (its ``ctxrl_export.json``), or None for a
+    folder ``ctxrl export --run`` did not write (a base model, a merged adapter)."""
+    meta = _json(folder / EXPORT_META) if folder is not None else {}
+    if not isinstance(meta.get("run"), str) or not isinstance(meta.get("step"), int):
+        return None
+    return {"run": meta["run"], "step": meta["step"]}
+
+
 def _metadata(result: ExportResult) -> dict[str, Any]:
     ckpt = result.checkpoint
     adapter = _json(ckpt.model_dir / ADAPTER_CONFIG) if ckpt.adapter else {}

@@ -15,6 +15,8 @@ the third the ablation arm (GRPO, ``w_eff = 0``). Episodes are paired by task id
 - **Episode shape** (``shape``, per arm): steps, prompt tokens and notes edits an episode, how many episodes
   made no edit and how many of those succeeded, and how many ended at ``max_steps``: what the policy does, beside
   what it scores (a field the eval did not record is None).
+- **Where each policy came from** (``exported_from``, per arm): the training run and step its model was exported
+  from, as its eval recorded it (None for a start or a model not written by ``ctxrl export --run``).
 - **The ablation** (with a third folder): the trained arm against it, paired the same way
   (``grpo_vs_w0_success_diff`` with its interval and p-value; ``grpo_over_w0_cost_per_success`` with its
   bootstrap interval): how much of the change the efficiency channel causes.
@@ -44,6 +46,8 @@ class Outcomes:
     success: dict[str, bool]
     flops: dict[str, float]
     episodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    exported_from: dict[str, Any] | None = None
+    """The training run and step of the evaluated model (``ctxrl export --run``), when the eval recorded it."""
 
 
 def load_outcomes(folder: str | Path) -> Outcomes:
@@ -57,12 +61,15 @@ def load_outcomes(folder: str | Path) -> Outcomes:
     if len(rows) != 1:
         raise UsageError(f"{path} holds {len(rows)} rows ({', '.join(rows)}); evaluate one mode per folder")
     ((label, episodes),) = rows.items()
+    model = record.get("model")
+    origin = model.get("exported_from") if isinstance(model, dict) else None
     return Outcomes(
         label=label,
         level=str(record.get("config", {}).get("difficulty", "")),
         success={e["task_id"]: bool(e["success"]) for e in episodes},
         flops={e["task_id"]: float(e["cost_flops"]) for e in episodes},
         episodes={e["task_id"]: e for e in episodes},
+        exported_from=origin if isinstance(origin, dict) else None,
     )
 
 
@@ -156,6 +163,7 @@ def compare(start: Outcomes, trained: Outcomes, ablation: Outcomes | None = None
         "success_diff_p": p,
         "cost_per_success_ci": {k: _interval(boot[k]) for k in keys},
         "shape": {k: episode_shape(a, tasks) for k, a in zip(keys, arms, strict=True)},
+        "exported_from": {k: a.exported_from for k, a in zip(keys, arms, strict=True)},
         "grpo_over_sft_cost_per_success": None,
         "grpo_over_sft_cost_per_success_ci": _interval(ratio),
         "unit": "GFLOP",

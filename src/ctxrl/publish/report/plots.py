@@ -11,6 +11,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from ctxrl.publish.report.load import MARKERS, SUCCESS, Candidate, EpisodeView, MetricRow, is_number
@@ -148,10 +149,31 @@ def binomial_se(p: float, n: float) -> float:
 
 
 @_styled
+def held_out(comparison: Mapping[str, Any], arm: str) -> tuple[float, int | None] | None:
+    """The held-out success of the training run in folder ``arm`` in ``ctxrl compare``'s summary, and the step
+    of the evaluated checkpoint, or None when the summary did not evaluate that run. A summary that records
+    ``exported_from`` names its runs there (matched by folder name); an older one by its keys
+    (``<arm>_success``: the arms ``grpo`` and ``grpo_w0``), the checkpoint then being the run's last."""
+    origins = comparison.get("exported_from")
+    if isinstance(origins, dict):
+        for key in ("grpo", "grpo_w0"):
+            origin, success = origins.get(key), comparison.get(f"{key}_success")
+            if (
+                isinstance(origin, dict)
+                and PurePath(str(origin.get("run"))).name == arm
+                and is_number(success)
+            ):
+                step = origin.get("step")
+                return float(success), step if isinstance(step, int) else None
+        return None
+    success = comparison.get(f"{arm}_success")
+    return (float(success), None) if is_number(success) else None
+
+
 def plot_arms(arms: Mapping[str, Sequence[MetricRow]], comparison: dict[str, Any] | None) -> Plot:
     """Every arm's training success by step with a band of ± one binomial SE (``rollout/episodes`` a step),
-    and, from ``ctxrl compare``'s summary, held-out success ± SE: the start at step 0, each arm at its last
-    step (an arm's key there is ``<folder>_success``)."""
+    and, from ``ctxrl compare``'s summary, held-out success ± SE: the start at step 0, each evaluated arm at the
+    step of its checkpoint (:func:`held_out`)."""
     fig = _figure(7.2, 3.4)
     which = "Both arms" if len(arms) == 2 else f"{len(arms)} arms"
     title = f"{which}: training success by step (band: ± SE) and held-out success (points: ± SE)"
@@ -176,11 +198,12 @@ def plot_arms(arms: Mapping[str, Sequence[MetricRow]], comparison: dict[str, Any
             lw=0,
         )
         last = max(last, xs[-1] if xs else 0)
-        held = comparison.get(f"{name}_success") if comparison else None
-        if comparison and is_number(held):
+        point = held_out(comparison, name) if comparison else None
+        if comparison and point is not None:
             n = float(comparison["heldout_tasks"])
+            held, step = point
             ax.errorbar(
-                [xs[-1] if xs else 0],
+                [step if step is not None else xs[-1] if xs else 0],
                 [held],
                 yerr=[binomial_se(held, n)],
                 fmt="s",
