@@ -16,7 +16,7 @@
 #   eval_mid, eval_w0_mid   both arms' step-MID checkpoints on the first 32 of those dev tasks
 #   grpo, grpo_w0           both arms resumed to STEPS (20)
 #   eval_grpo, eval_w0      both arms on the HELDOUT dev tasks
-#   compare     `ctxrl compare` of start, GRPO and the w_eff = 0 arm: KEEP/summary.json
+#   compare     `ctxrl compare` of start, GRPO and the w_eff = 0 arm: KEEP/summary_first.json
 #   grpo_act_mid, eval_act_mid, grpo_act, eval_act, compare_act   a third arm, the same as the default one but
 #               with the efficiency advantage on every action token (advantages.efficiency_tokens=actions, an
 #               ablation of where the channel acts): KEEP/summary_actions.json against the start and w_eff = 0
@@ -50,7 +50,13 @@
 #               arm): KEEP/summary_test_wide.json and KEEP/summary_wide.json against the start and the sixth arm
 #   grpo_wide_w0_mid, eval_wide_w0_mid, grpo_wide_w0, test_wide_w0, compare_test_wide_w0, eval_wide_w0,
 #               compare_wide_w0   its ablation at w_eff = 0 (KEEP/summary_test_wide_w0.json, KEEP/summary_wide_w0.json)
-# Sizes: HELDOUT, MID, STEPS (environment). KEY=VALUE arguments go to both GRPO arms (e.g. train.lr=1e-4).
+#   final_start, final_wide, final_wide_w0, compare_final   the final table: the start, the seventh arm and its twin
+#               evaluated afresh on the first FINAL (128) test tasks (KEEP/summary.json)
+#   grpo_wide_s1_mid, eval_wide_s1_mid, grpo_wide_s1, final_wide_s1, compare_final_wide_s1, eval_wide_s1,
+#               compare_wide_s1   a replicate of the seventh arm with other seeds (engine.seed=1 train.seed=1):
+#               KEEP/summary_final_wide_s1.json (FINAL test tasks) and KEEP/summary_wide_s1.json (dev) against
+#               the start and the seventh arm
+# Sizes: HELDOUT, MID, STEPS, FINAL (environment). KEY=VALUE arguments go to both GRPO arms (e.g. train.lr=1e-4).
 #
 # Across sessions. OUT holds the working files (demonstrations, merged models, full checkpoints); KEEP (default
 # OUT/keep; the benchmark in docs/results/learning/ ran with KEEP=docs/results/learning, committed after each
