@@ -599,3 +599,12 @@ def test_held_out_points_go_to_the_runs_the_summary_evaluated() -> None:
     assert held_out(summary, "grpo") is None and held_out(summary, "grpo_w0") is None
     older = {k: v for k, v in summary.items() if k != "exported_from"}
     assert held_out(older, "grpo") == (0.625, None) and held_out(older, "grpo_wide") is None
+
+
+def test_every_figure_is_drawn_under_the_report_style() -> None:
+    """Each ``plot_*`` function runs under the report's matplotlib style (``_styled`` wraps it)."""
+    from ctxrl.publish.report import plots
+
+    figures = [name for name in dir(plots) if name.startswith("plot_")]
+    assert "plot_arms" in figures and len(figures) >= 8
+    assert [name for name in figures if not hasattr(getattr(plots, name), "__wrapped__")] == []

@@ -148,7 +148,6 @@ def binomial_se(p: float, n: float) -> float:
     return math.sqrt(max(p * (1.0 - p), 0.0) / n) if n > 0 else 0.0
 
 
-@_styled
 def held_out(comparison: Mapping[str, Any], arm: str) -> tuple[float, int | None] | None:
     """The held-out success of the training run in folder ``arm`` in ``ctxrl compare``'s summary, and the step
     of the evaluated checkpoint, or None when the summary did not evaluate that run. A summary that records
@@ -170,6 +169,7 @@ def held_out(comparison: Mapping[str, Any], arm: str) -> tuple[float, int | None
     return (float(success), None) if is_number(success) else None
 
 
+@_styled
 def plot_arms(arms: Mapping[str, Sequence[MetricRow]], comparison: dict[str, Any] | None) -> Plot:
     """Every arm's training success by step with a band of ± one binomial SE (``rollout/episodes`` a step),
     and, from ``ctxrl compare``'s summary, held-out success ± SE: the start at step 0, each evaluated arm at the
