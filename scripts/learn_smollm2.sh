@@ -56,6 +56,8 @@
 #               compare_wide_s1   a replicate of the seventh arm with other seeds (engine.seed=1 train.seed=1):
 #               KEEP/summary_final_wide_s1.json (FINAL test tasks) and KEEP/summary_wide_s1.json (dev) against
 #               the start and the seventh arm
+#   grpo_wide_s2_mid, eval_wide_s2_mid, grpo_wide_s2, final_wide_s2, compare_final_wide_s2, eval_wide_s2,
+#               compare_wide_s2   a second replicate (engine.seed=2 train.seed=2), the same stages
 # Sizes: HELDOUT, MID, STEPS, FINAL (environment). KEY=VALUE arguments go to both GRPO arms (e.g. train.lr=1e-4).
 #
 # Across sessions. OUT holds the working files (demonstrations, merged models, full checkpoints); KEEP (default
@@ -291,4 +293,13 @@ stage compare_final_wide_s1 "$CTXRL" compare "$KEEP/final_start" "$KEEP/final_wi
   --out "$KEEP/summary_final_wide_s1.json"
 stage eval_wide_s1 evaluate_run eval_wide_s1 grpo_wide_s1 "$STEPS" "$HELDOUT"
 stage compare_wide_s1 "$CTXRL" compare "$START_EVAL" "$KEEP/eval_wide_s1" "$KEEP/eval_wide" --out "$KEEP/summary_wide_s1.json"
+WIDE_S2=("${WIDE[@]}" engine.seed=2 train.seed=2)
+stage grpo_wide_s2_mid arm grpo_wide_s2 "$MID" "${WIDE_S2[@]}" "$@"
+stage eval_wide_s2_mid evaluate_run eval_wide_s2_mid grpo_wide_s2 "$MID" 32
+stage grpo_wide_s2 arm grpo_wide_s2 "$STEPS" "${WIDE_S2[@]}" "$@"
+stage final_wide_s2 evaluate_run final_wide_s2 grpo_wide_s2 "$STEPS" "$FINAL" eval.split=test
+stage compare_final_wide_s2 "$CTXRL" compare "$KEEP/final_start" "$KEEP/final_wide_s2" "$KEEP/final_wide" \
+  --out "$KEEP/summary_final_wide_s2.json"
+stage eval_wide_s2 evaluate_run eval_wide_s2 grpo_wide_s2 "$STEPS" "$HELDOUT"
+stage compare_wide_s2 "$CTXRL" compare "$START_EVAL" "$KEEP/eval_wide_s2" "$KEEP/eval_wide" --out "$KEEP/summary_wide_s2.json"
 echo "== done: $KEEP/summary.json; stage times (s) in $KEEP/times.tsv"

@@ -85,7 +85,7 @@ def test_every_stage_comes_after_what_it_reads_and_a_second_pass_skips_them_all(
     ran = [(name, command) for name, command in stages if command != "done before, skipped"]
     names = [name for name, _ in ran]
     assert len(names) == len(set(names)) and len(names) > 40
-    assert "grpo_mid" in names and names[-1] == "compare_wide_s1"
+    assert "grpo_mid" in names and names[-1] == "compare_wide_s2"
     position = {name: i for i, name in enumerate(names)}
     for i, (name, command) in enumerate(ran):
         if name.startswith("compare"):
@@ -112,9 +112,13 @@ def test_every_stage_comes_after_what_it_reads_and_a_second_pass_skips_them_all(
         trains["grpo_wide_s1"].replace(" engine.seed=1 train.seed=1", "").replace("grpo_wide_s1", "grpo_wide")
         == (trains["grpo_wide"])
     )
+    assert (
+        trains["grpo_wide_s2"].replace(" engine.seed=2 train.seed=2", "").replace("grpo_wide_s2", "grpo_wide")
+        == (trains["grpo_wide"])
+    )
     # the final table: every policy on the first 128 test tasks, written as KEEP/summary.json
     finals = [c for c in calls if c.startswith("eval ") and "/out/final_" in c]
-    assert len(finals) == 4 and all("eval.episodes=128" in c and "eval.split=test" in c for c in finals)
+    assert len(finals) == 5 and all("eval.episodes=128" in c and "eval.split=test" in c for c in finals)
     final = dict(ran)["compare_final"]
     assert final.endswith("/keep/summary.json") and all(
         f"/keep/final_{p} " in final for p in ("start", "wide")
