@@ -239,8 +239,18 @@ def _add_compare(sub: argparse._SubParsersAction[Any]) -> None:
         help="paired comparison of evaluated policies on the same tasks (success, compute per success)",
     )
     p.add_argument("start", type=Path, help="eval folder of the starting policy (ctxrl eval --out)")
-    p.add_argument("trained", type=Path, help="eval folder of the trained policy, same tasks")
-    p.add_argument("ablation", type=Path, nargs="?", default=None, help="eval folder of the ablation arm")
+    p.add_argument(
+        "trained",
+        type=Path,
+        help="eval folder of the trained policy, same tasks; or A,B,C: the evals of its replicates, pooled",
+    )
+    p.add_argument(
+        "ablation",
+        type=Path,
+        nargs="?",
+        default=None,
+        help="eval folder(s) of the ablation arm, the same way",
+    )
     p.add_argument("--out", type=Path, default=None, help="write the summary JSON here")
     p.set_defaults(run="ctxrl.commands.compare:run_compare")
 

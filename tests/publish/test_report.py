@@ -575,6 +575,19 @@ def test_an_ablation_folder_shows_both_arms_and_the_held_out_comparison(
     extra = answer.split('id="comparison-table-2"', 1)[1]
     assert '<td class="l">grpo (eval_act)</td><td>0.44 ± 0.06</td>' in extra
     assert '<td class="l">grpo</td><td>0.62 ± 0.06</td>' in answer.split('id="comparison-table-2"', 1)[0]
+    # a pool of replicates: its row names every evaluation, its SE is the summary's, and the p-value names its test
+    pooled = {
+        **third,
+        "compared": {"sft": "final_start", "grpo": ["final_a", "final_b"], "grpo_w0": "final_w0"},
+        "success_se": {"sft": 0.0625, "grpo": 0.03125, "grpo_w0": 0.0625},
+        "success_diff_test": "exact paired permutation",
+    }
+    (tmp_path / "summary_pool.json").write_text(json.dumps(pooled))
+    answer = render_report(read_run(tmp_path))[0].split('<section id="answer">', 1)[1]
+    pool_table = answer.split('id="comparison-table-3"', 1)[1]
+    assert '<td class="l">grpo (pool of 2: final_a, final_b)</td><td>0.44 ± 0.03</td>' in pool_table
+    assert "exact paired permutation p = 0.040." in pool_table
+    (tmp_path / "summary_pool.json").unlink()
 
     (tmp_path / "summary.json").write_text('{"heldout_tasks": 64}')
     assert "summary.json: not the summary of 'ctxrl compare'" in _error(capsys, ["report", str(tmp_path)])

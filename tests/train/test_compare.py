@@ -1,5 +1,6 @@
 """The paired comparison of evaluated policies: success difference with its interval and exact McNemar
-p-value, compute per success with paired bootstrap intervals, and refusals of unpaired or malformed input."""
+p-value, compute per success with paired bootstrap intervals, pools of replicates with the exact permutation
+test, and refusals of unpaired or malformed input."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from ctxrl.cli import main
 from ctxrl.errors import UsageError
-from ctxrl.train.compare import compare, load_outcomes, mcnemar_p
+from ctxrl.train.compare import Pool, compare, load_outcomes, mcnemar_p, permutation_p
 
 
 def _eval(
@@ -160,3 +161,93 @@ def test_unpaired_or_malformed_input_is_refused(tmp_path: Path, capsys: pytest.C
     assert written["success_diff"] == 0.0
     # the summary names the evaluation behind each of its keys, as given
     assert written["compared"] == {"sft": str(tmp_path / "s"), "grpo": str(tmp_path / "s"), "grpo_w0": None}
+
+
+def test_the_permutation_test_is_mcnemar_for_one_evaluation_a_side_and_exact_for_pools() -> None:
+    import random
+
+    rng = random.Random(3)
+    for _ in range(20):
+        base = [rng.random() < 0.4 for _ in range(30)]
+        other = [rng.random() < 0.6 for _ in range(30)]
+        gained = sum(o and not b for b, o in zip(base, other, strict=True))
+        lost = sum(b and not o for b, o in zip(base, other, strict=True))
+        p = permutation_p([(int(b), 1) for b in base], [(int(o), 1) for o in other])
+        assert p == pytest.approx(mcnemar_p(gained, lost), abs=1e-12)
+    # one task, the start failed once, three replicates solved it: the one failure of the four episodes lands
+    # on the start's side with probability 1/4
+    assert permutation_p([(0, 1)], [(3, 3)]) == pytest.approx(1 / 4)
+    # two such tasks: both failures on the start's side, 1/16; the other way round is as extreme only if the
+    # rates differ as much, which three replicates solving none and a start solving both would
+    assert permutation_p([(0, 1)] * 2, [(3, 3)] * 2) == pytest.approx(1 / 16)
+    assert permutation_p([(1, 1)] * 2, [(0, 3)] * 2) == pytest.approx(1 / 16)
+    # tasks every episode solved (or none did) carry no information
+    assert permutation_p([(0, 1), (1, 1), (0, 1)], [(3, 3), (3, 3), (0, 3)]) == pytest.approx(1 / 4)
+    assert permutation_p([(1, 1)], [(2, 3)]) == 1.0
+
+
+def test_a_pool_of_replicates_is_scored_by_its_mean_on_each_task(tmp_path: Path) -> None:
+    n = 8
+    start = load_outcomes(_eval(tmp_path / "s", "file", [i < 2 for i in range(n)], [1e11] * n))
+    runs = []
+    for r, solved in enumerate(
+        (5, 6, 7)
+    ):  # three seeds: 5, 6 and 7 of 8 solved, at 100, 200, 300 GFLOP a task
+        # the third seed never edits: its 8 episodes (7 of them solved) are the pool's episodes without an edit
+        shape = [{"steps": 4 + r, "prompt_tokens": 1000, "edits": int(r < 2), "reason": "submit"}] * n
+        folder = _eval(
+            tmp_path / f"r{r}", "file", [i < solved for i in range(n)], [1e11 * (r + 1)] * n, extra=shape
+        )
+        record = json.loads((folder / "eval.json").read_text())
+        record["model"] = {"path": "m", "exported_from": {"run": f"runs/arm_s{r}", "step": 20}}
+        (folder / "eval.json").write_text(json.dumps(record))
+        runs.append(load_outcomes(folder))
+    out = compare(start, runs, start)
+    assert out["replicates"] == {"sft": 1, "grpo": 3, "grpo_w0": 1}
+    assert out["grpo_success"] == pytest.approx(18 / 24) and out["sft_success"] == pytest.approx(2 / 8)
+    # pooled compute over pooled successes: 8 x (100 + 200 + 300) GFLOP over 18 successes
+    assert out["grpo_cost_per_success"] == pytest.approx(8 * 600 / 18)
+    assert out["success_diff"] == pytest.approx(18 / 24 - 2 / 8)
+    # SE over tasks: the spread of the per-task rates (1 on tasks 0-4, then 2/3, 1/3, 0); binomial for one eval
+    rates = [1.0] * 5 + [2 / 3, 1 / 3, 0.0]
+    spread = sum((r - 0.75) ** 2 for r in rates) / n
+    assert out["success_se"]["grpo"] == pytest.approx(math.sqrt(spread / n))
+    assert out["success_se"]["sft"] == pytest.approx(math.sqrt(0.25 * 0.75 / n))
+    low, high = out["success_diff_bootstrap_ci"]
+    assert low < out["success_diff"] < high
+    # tasks 0-1: all solved; 2-4: start 0, pool 3/3; 5: 2/3; 6: 1/3; 7: 0/3
+    expected = permutation_p([(int(i < 2), 1) for i in range(n)], [(3, 3)] * 5 + [(2, 3), (1, 3), (0, 3)])
+    assert out["success_diff_p"] == pytest.approx(expected) and expected < 0.05
+    assert out["success_diff_test"] == "exact paired permutation"
+    assert out["grpo_vs_w0_success_diff_test"] == "exact paired permutation"
+    assert (
+        out["shape"]["grpo"]["steps_per_episode"] == 5.0
+        and out["shape"]["grpo"]["edits_per_episode"] == 2 / 3
+    )
+    assert (out["shape"]["grpo"]["no_edit_episodes"], out["shape"]["grpo"]["no_edit_solved"]) == (8, 7)
+    assert out["exported_from"]["grpo"] == [{"run": f"runs/arm_s{r}", "step": 20} for r in range(3)]
+    # one evaluation a side: the summary says the p-value is McNemar's
+    assert compare(start, runs[0])["success_diff_test"] == "exact McNemar"
+
+
+def test_the_command_pools_comma_separated_folders_and_refuses_mismatched_replicates(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    wins = [True, False, True, False]
+    s = _eval(tmp_path / "s", "file", [False] * 4, [1e11] * 4)
+    a = _eval(tmp_path / "a", "file", wins, [1e11] * 4)
+    b = _eval(tmp_path / "b,c", "file", [True] * 4, [1e11] * 4)  # a folder whose name holds a comma
+    out = tmp_path / "summary.json"
+    assert main(["compare", str(s), f"{a},{b}", str(b), "--out", str(out)]) == 1  # "b,c" split: no folder "b"
+    assert "not the eval.json" in capsys.readouterr().err
+    assert main(["compare", str(s), f"{a},{a}", str(b), "--out", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert written["compared"] == {"sft": str(s), "grpo": [str(a), str(a)], "grpo_w0": str(b)}
+    assert written["replicates"]["grpo"] == 2 and written["grpo_success"] == 0.5
+    assert written["grpo_w0_success"] == 1.0  # the comma-named folder, taken whole
+    other = _eval(tmp_path / "o", "file", [True] * 5, [1e11] * 5)
+    with pytest.raises(UsageError, match="replicates of one slot"):
+        Pool((load_outcomes(a), load_outcomes(other)))
+    assert main(["compare", str(s), f"{a},{other}"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "replicates of one slot" in err[0]

@@ -136,11 +136,14 @@ def answer_table(summary: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
 def comparison_table(summary: Mapping[str, Any], ident: str = "comparison-table") -> str:
     """``ctxrl compare``'s summary: each policy's held-out success ± SE and compute per success with its
     bootstrap CI, then the paired difference of the trained arm against the start. The rows are named by
-    the summary's keys, with the evaluation each key stands for when the summary records it."""
+    the summary's keys, with the evaluation each key stands for when the summary records it (the list of
+    them for a pool of replicates)."""
     n = float(summary["heldout_tasks"])
     intervals = summary.get("cost_per_success_ci") or {}
     given = summary.get("compared")
     compared: Mapping[str, Any] = given if isinstance(given, dict) else {}
+    se_given = summary.get("success_se")
+    errors: Mapping[str, Any] = se_given if isinstance(se_given, dict) else {}
     out = [
         f"<p class=meta>Held out: {n:.0f} tasks at level {_e(summary.get('level', '?'))}, every policy on the "
         "same tasks (<code>ctxrl compare</code>).</p>"
@@ -153,8 +156,13 @@ def comparison_table(summary: Mapping[str, Any], ident: str = "comparison-table"
             continue
         per, ci = summary.get(f"{key}_cost_per_success"), intervals.get(key)
         span = f" [{_fmt(ci[0], ',.0f')}, {_fmt(ci[1], ',.0f')}]" if isinstance(ci, list | tuple) else ""
-        cells = [f"{success:.2f} ± {binomial_se(success, n):.2f}", f"{_fmt(per, ',.0f')}{span}"]
-        name = f"{key} ({compared[key]})" if isinstance(compared.get(key), str) else key
+        se = errors.get(key) if is_number(errors.get(key)) else binomial_se(success, n)
+        cells = [f"{success:.2f} ± {se:.2f}", f"{_fmt(per, ',.0f')}{span}"]
+        name = key
+        if isinstance(compared.get(key), str):
+            name = f"{key} ({compared[key]})"
+        elif isinstance(compared.get(key), list):  # a pool of replicates
+            name = f"{key} (pool of {len(compared[key])}: {', '.join(map(str, compared[key]))})"
         out.append(
             f'<tr><td class="l">{_e(name)}</td>' + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>"
         )
@@ -163,13 +171,15 @@ def comparison_table(summary: Mapping[str, Any], ident: str = "comparison-table"
         ("grpo − sft", "success_diff", "grpo_over_sft_cost_per_success"),
         ("grpo − grpo_w0", "grpo_vs_w0_success_diff", "grpo_over_w0_cost_per_success"),
     ):
-        diff, low, high, p = (summary.get(prefix + k) for k in ("", "_ci_low", "_ci_high", "_p"))
+        diff, low, high, p, test = (
+            summary.get(prefix + k) for k in ("", "_ci_low", "_ci_high", "_p", "_test")
+        )
         if not (is_number(diff) and is_number(low) and is_number(high)):
             continue
         times, bounds = summary.get(ratio), summary.get(ratio + "_ci")
         out.append(
             f"<p>{label} success: {diff:+.3f}, 95 % CI [{low:+.3f}, {high:+.3f}]"
-            + (f", exact McNemar p = {p:.3f}" if is_number(p) else "")
+            + (f", {test if isinstance(test, str) else 'exact McNemar'} p = {p:.3f}" if is_number(p) else "")
             + (f"; compute per success ×{times:.2f}" if is_number(times) else "")
             + (
                 f" [{bounds[0]:.2f}, {bounds[1]:.2f}]"
