@@ -58,6 +58,11 @@
 #               the start and the seventh arm
 #   grpo_wide_s2_mid, eval_wide_s2_mid, grpo_wide_s2, final_wide_s2, compare_final_wide_s2, eval_wide_s2,
 #               compare_wide_s2   a second replicate (engine.seed=2 train.seed=2), the same stages
+#   compare_final_pool, compare_pool   the recipe as the pool of its three seeds (`ctxrl compare` with
+#               comma-separated replicates), against the start and the twin: KEEP/summary_final_pool.json (FINAL test
+#               tasks) and KEEP/summary_pool.json (dev)
+#   grpo_wide_w0_s1_mid, eval_wide_w0_s1_mid, grpo_wide_w0_s1, final_wide_w0_s1, eval_wide_w0_s1   the twin with
+#               the first replicate's seeds, evaluated the same way
 # Sizes: HELDOUT, MID, STEPS, FINAL (environment). KEY=VALUE arguments go to both GRPO arms (e.g. train.lr=1e-4).
 #
 # Across sessions. OUT holds the working files (demonstrations, merged models, full checkpoints); KEEP (default
@@ -302,4 +307,18 @@ stage compare_final_wide_s2 "$CTXRL" compare "$KEEP/final_start" "$KEEP/final_wi
   --out "$KEEP/summary_final_wide_s2.json"
 stage eval_wide_s2 evaluate_run eval_wide_s2 grpo_wide_s2 "$STEPS" "$HELDOUT"
 stage compare_wide_s2 "$CTXRL" compare "$START_EVAL" "$KEEP/eval_wide_s2" "$KEEP/eval_wide" --out "$KEEP/summary_wide_s2.json"
+# the recipe's result, declared before grpo_wide_s2 ran: the pool of its three seeds against the start, the twin
+# with the one seed it has (test; the same on the dev tasks)
+POOL=final_wide,final_wide_s1,final_wide_s2
+stage compare_final_pool "$CTXRL" compare "$KEEP/final_start" "$KEEP/${POOL//,/,$KEEP/}" "$KEEP/final_wide_w0" \
+  --out "$KEEP/summary_final_pool.json"
+DEV_POOL=eval_wide,eval_wide_s1,eval_wide_s2
+stage compare_pool "$CTXRL" compare "$START_EVAL" "$KEEP/${DEV_POOL//,/,$KEEP/}" "$KEEP/eval_wide_w0" \
+  --out "$KEEP/summary_pool.json"
+WIDE_W0_S1=("${WIDE_W0[@]}" engine.seed=1 train.seed=1)
+stage grpo_wide_w0_s1_mid arm grpo_wide_w0_s1 "$MID" "${WIDE_W0_S1[@]}" "$@"
+stage eval_wide_w0_s1_mid evaluate_run eval_wide_w0_s1_mid grpo_wide_w0_s1 "$MID" 32
+stage grpo_wide_w0_s1 arm grpo_wide_w0_s1 "$STEPS" "${WIDE_W0_S1[@]}" "$@"
+stage final_wide_w0_s1 evaluate_run final_wide_w0_s1 grpo_wide_w0_s1 "$STEPS" "$FINAL" eval.split=test
+stage eval_wide_w0_s1 evaluate_run eval_wide_w0_s1 grpo_wide_w0_s1 "$STEPS" "$HELDOUT"
 echo "== done: $KEEP/summary.json; stage times (s) in $KEEP/times.tsv"

@@ -85,13 +85,13 @@ def test_every_stage_comes_after_what_it_reads_and_a_second_pass_skips_them_all(
     ran = [(name, command) for name, command in stages if command != "done before, skipped"]
     names = [name for name, _ in ran]
     assert len(names) == len(set(names)) and len(names) > 40
-    assert "grpo_mid" in names and names[-1] == "compare_wide_s2"
+    assert "grpo_mid" in names and names[-1] == "eval_wide_w0_s1"
     position = {name: i for i, name in enumerate(names)}
     for i, (name, command) in enumerate(ran):
         if name.startswith("compare"):
             # every folder a comparison reads was written by an evaluation stage that ran before it
-            read = re.findall(r"/keep/(\w+)(?= |$)", command.split(" --out ")[0])
-            assert len(read) == 3, command
+            read = re.findall(r"/keep/(\w+)(?=[ ,]|$)", command.split(" --out ")[0])
+            assert len(read) >= 3, command
             for folder in read:
                 assert folder in BEFORE_GRPO or position[folder] < i, (
                     f"{name} reads {folder} before it exists"
@@ -116,9 +116,24 @@ def test_every_stage_comes_after_what_it_reads_and_a_second_pass_skips_them_all(
         trains["grpo_wide_s2"].replace(" engine.seed=2 train.seed=2", "").replace("grpo_wide_s2", "grpo_wide")
         == (trains["grpo_wide"])
     )
+    assert (
+        trains["grpo_wide_w0_s1"]
+        .replace(" engine.seed=1 train.seed=1", "")
+        .replace("grpo_wide_w0_s1", "grpo_wide_w0")
+        == (trains["grpo_wide_w0"])
+    )
+    # the recipe's pool: its three seeds in one slot, against the start and the twin
+    pool = dict(ran)["compare_final_pool"].split(" --out ")[0]
+    slots = pool.split(" ")[-3:]
+    assert slots[0].endswith("/keep/final_start") and slots[2].endswith("/keep/final_wide_w0")
+    assert [p.rsplit("/", 1)[1] for p in slots[1].split(",")] == [
+        "final_wide",
+        "final_wide_s1",
+        "final_wide_s2",
+    ]
     # the final table: every policy on the first 128 test tasks, written as KEEP/summary.json
     finals = [c for c in calls if c.startswith("eval ") and "/out/final_" in c]
-    assert len(finals) == 5 and all("eval.episodes=128" in c and "eval.split=test" in c for c in finals)
+    assert len(finals) == 6 and all("eval.episodes=128" in c and "eval.split=test" in c for c in finals)
     final = dict(ran)["compare_final"]
     assert final.endswith("/keep/summary.json") and all(
         f"/keep/final_{p} " in final for p in ("start", "wide")
