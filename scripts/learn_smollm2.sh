@@ -289,24 +289,23 @@ stage final_start evaluate final_start "$OUT/$START/model" "$FINAL" eval.split=t
 stage final_wide evaluate_run final_wide grpo_wide "$STEPS" "$FINAL" eval.split=test
 stage final_wide_w0 evaluate_run final_wide_w0 grpo_wide_w0 "$STEPS" "$FINAL" eval.split=test
 stage compare_final "$CTXRL" compare "$KEEP/final_start" "$KEEP/final_wide" "$KEEP/final_wide_w0" --out "$KEEP/summary.json"
-WIDE_S1=("${WIDE[@]}" engine.seed=1 train.seed=1)
-stage grpo_wide_s1_mid arm grpo_wide_s1 "$MID" "${WIDE_S1[@]}" "$@"
-stage eval_wide_s1_mid evaluate_run eval_wide_s1_mid grpo_wide_s1 "$MID" 32
-stage grpo_wide_s1 arm grpo_wide_s1 "$STEPS" "${WIDE_S1[@]}" "$@"
-stage final_wide_s1 evaluate_run final_wide_s1 grpo_wide_s1 "$STEPS" "$FINAL" eval.split=test
-stage compare_final_wide_s1 "$CTXRL" compare "$KEEP/final_start" "$KEEP/final_wide_s1" "$KEEP/final_wide" \
-  --out "$KEEP/summary_final_wide_s1.json"
-stage eval_wide_s1 evaluate_run eval_wide_s1 grpo_wide_s1 "$STEPS" "$HELDOUT"
-stage compare_wide_s1 "$CTXRL" compare "$START_EVAL" "$KEEP/eval_wide_s1" "$KEEP/eval_wide" --out "$KEEP/summary_wide_s1.json"
-WIDE_S2=("${WIDE[@]}" engine.seed=2 train.seed=2)
-stage grpo_wide_s2_mid arm grpo_wide_s2 "$MID" "${WIDE_S2[@]}" "$@"
-stage eval_wide_s2_mid evaluate_run eval_wide_s2_mid grpo_wide_s2 "$MID" 32
-stage grpo_wide_s2 arm grpo_wide_s2 "$STEPS" "${WIDE_S2[@]}" "$@"
-stage final_wide_s2 evaluate_run final_wide_s2 grpo_wide_s2 "$STEPS" "$FINAL" eval.split=test
-stage compare_final_wide_s2 "$CTXRL" compare "$KEEP/final_start" "$KEEP/final_wide_s2" "$KEEP/final_wide" \
-  --out "$KEEP/summary_final_wide_s2.json"
-stage eval_wide_s2 evaluate_run eval_wide_s2 grpo_wide_s2 "$STEPS" "$HELDOUT"
-stage compare_wide_s2 "$CTXRL" compare "$START_EVAL" "$KEEP/eval_wide_s2" "$KEEP/eval_wide" --out "$KEEP/summary_wide_s2.json"
+replicate() {  # replicate NAME KEY=VALUE...: GRPO run grpo_NAME to MID (evaluated on 32 dev tasks) and to STEPS,
+  # then evaluated on the first FINAL test tasks (KEEP/final_NAME) and the HELDOUT dev tasks (KEEP/eval_NAME)
+  local name="$1"
+  shift
+  stage "grpo_${name}_mid" arm "grpo_$name" "$MID" "$@"
+  stage "eval_${name}_mid" evaluate_run "eval_${name}_mid" "grpo_$name" "$MID" 32
+  stage "grpo_$name" arm "grpo_$name" "$STEPS" "$@"
+  stage "final_$name" evaluate_run "final_$name" "grpo_$name" "$STEPS" "$FINAL" eval.split=test
+  stage "eval_$name" evaluate_run "eval_$name" "grpo_$name" "$STEPS" "$HELDOUT"
+}
+for seed in 1 2; do  # the seventh arm's replicates, each compared with the start and the seventh arm
+  replicate "wide_s$seed" "${WIDE[@]}" engine.seed=$seed train.seed=$seed "$@"
+  stage "compare_final_wide_s$seed" "$CTXRL" compare "$KEEP/final_start" "$KEEP/final_wide_s$seed" \
+    "$KEEP/final_wide" --out "$KEEP/summary_final_wide_s$seed.json"
+  stage "compare_wide_s$seed" "$CTXRL" compare "$START_EVAL" "$KEEP/eval_wide_s$seed" "$KEEP/eval_wide" \
+    --out "$KEEP/summary_wide_s$seed.json"
+done
 # the recipe's result, declared before grpo_wide_s2 ran: the pool of its three seeds against the start, the twin
 # with the one seed it has (test; the same on the dev tasks)
 POOL=final_wide,final_wide_s1,final_wide_s2
@@ -315,10 +314,5 @@ stage compare_final_pool "$CTXRL" compare "$KEEP/final_start" "$KEEP/${POOL//,/,
 DEV_POOL=eval_wide,eval_wide_s1,eval_wide_s2
 stage compare_pool "$CTXRL" compare "$START_EVAL" "$KEEP/${DEV_POOL//,/,$KEEP/}" "$KEEP/eval_wide_w0" \
   --out "$KEEP/summary_pool.json"
-WIDE_W0_S1=("${WIDE_W0[@]}" engine.seed=1 train.seed=1)
-stage grpo_wide_w0_s1_mid arm grpo_wide_w0_s1 "$MID" "${WIDE_W0_S1[@]}" "$@"
-stage eval_wide_w0_s1_mid evaluate_run eval_wide_w0_s1_mid grpo_wide_w0_s1 "$MID" 32
-stage grpo_wide_w0_s1 arm grpo_wide_w0_s1 "$STEPS" "${WIDE_W0_S1[@]}" "$@"
-stage final_wide_w0_s1 evaluate_run final_wide_w0_s1 grpo_wide_w0_s1 "$STEPS" "$FINAL" eval.split=test
-stage eval_wide_w0_s1 evaluate_run eval_wide_w0_s1 grpo_wide_w0_s1 "$STEPS" "$HELDOUT"
+replicate wide_w0_s1 "${WIDE_W0[@]}" engine.seed=1 train.seed=1 "$@"  # the twin at the first replicate's seeds
 echo "== done: $KEEP/summary.json; stage times (s) in $KEEP/times.tsv"
