@@ -61,6 +61,9 @@
 #   compare_final_pool, compare_pool   the recipe as the pool of its three seeds (`ctxrl compare` with
 #               comma-separated replicates), against the start and the twin: KEEP/summary_final_pool.json (FINAL test
 #               tasks) and KEEP/summary_pool.json (dev)
+#   confirm_start, confirm_wide, confirm_wide_s1, confirm_wide_s2, compare_confirm   the confirmatory table: the start
+#               and the three seeds on the next FINAL test tasks (eval.offset=FINAL), untouched by every earlier
+#               evaluation, the seeds pooled: KEEP/summary_confirm.json
 #   grpo_wide_w0_s1_mid, eval_wide_w0_s1_mid, grpo_wide_w0_s1, final_wide_w0_s1, eval_wide_w0_s1   the twin with
 #               the first replicate's seeds, evaluated the same way
 # Sizes: HELDOUT, MID, STEPS, FINAL (environment). KEY=VALUE arguments go to both GRPO arms (e.g. train.lr=1e-4).
@@ -314,5 +317,14 @@ stage compare_final_pool "$CTXRL" compare "$KEEP/final_start" "$KEEP/${POOL//,/,
 DEV_POOL=eval_wide,eval_wide_s1,eval_wide_s2
 stage compare_pool "$CTXRL" compare "$START_EVAL" "$KEEP/${DEV_POOL//,/,$KEEP/}" "$KEEP/eval_wide_w0" \
   --out "$KEEP/summary_pool.json"
+# the confirmatory table, declared before it ran: the start and the recipe's three seeds on the next FINAL test
+# tasks (seeds FINAL to 2 FINAL - 1 of the split), which no evaluation had touched, the seeds pooled
+AFTER=(eval.split=test eval.offset="$FINAL")
+stage confirm_start evaluate confirm_start "$OUT/$START/model" "$FINAL" "${AFTER[@]}"
+for run in wide wide_s1 wide_s2; do
+  stage "confirm_$run" evaluate_run "confirm_$run" "grpo_$run" "$STEPS" "$FINAL" "${AFTER[@]}"
+done
+stage compare_confirm "$CTXRL" compare "$KEEP/confirm_start" \
+  "$KEEP/confirm_wide,$KEEP/confirm_wide_s1,$KEEP/confirm_wide_s2" --out "$KEEP/summary_confirm.json"
 replicate wide_w0_s1 "${WIDE_W0[@]}" engine.seed=1 train.seed=1 "$@"  # the twin at the first replicate's seeds
 echo "== done: $KEEP/summary.json; stage times (s) in $KEEP/times.tsv"

@@ -131,6 +131,18 @@ def test_every_stage_comes_after_what_it_reads_and_a_second_pass_skips_them_all(
         "final_wide_s1",
         "final_wide_s2",
     ]
+    # the confirmatory table: the start and the three seeds on the next 128 test tasks, the seeds pooled
+    confirms = [c for c in calls if c.startswith("eval ") and "/out/confirm_" in c]
+    assert len(confirms) == 4 and all(
+        "eval.episodes=128" in c and "eval.split=test" in c and "eval.offset=128" in c for c in confirms
+    )
+    confirm = dict(ran)["compare_confirm"].split(" --out ")[0].split(" ")[-2:]
+    assert confirm[0].endswith("/keep/confirm_start")
+    assert [p.rsplit("/", 1)[1] for p in confirm[1].split(",")] == [
+        "confirm_wide",
+        "confirm_wide_s1",
+        "confirm_wide_s2",
+    ]
     # the final table: every policy on the first 128 test tasks, written as KEEP/summary.json
     finals = [c for c in calls if c.startswith("eval ") and "/out/final_" in c]
     assert len(finals) == 6 and all("eval.episodes=128" in c and "eval.split=test" in c for c in finals)

@@ -43,6 +43,16 @@ def test_eval_end_to_end_writes_json_and_markdown(tmp_path: Path, capsys: pytest
     assert "name: scripted" in (out / "config.yaml").read_text()
 
 
+def test_eval_offset_evaluates_a_later_block_of_the_split(tmp_path: Path) -> None:
+    overrides = [*SCRIPTED, "eval.policies=[file-manager]", "eval.families=[offload]", "eval.episodes=2"]
+    assert main(["eval", *overrides, "eval.offset=128", "--out", str(tmp_path / "run")]) == 0
+    record = json.loads((tmp_path / "run" / "eval.json").read_text())
+    assert record["config"]["seeds"] == [110_128, 110_129]
+    assert [e["task_id"] for e in record["episodes"]["file-manager"]] == [
+        "offload:default:110128", "offload:default:110129",
+    ]  # fmt: skip
+
+
 def _step(kinds: list[str], prompt: int, rolled: int = 0) -> StepRecord:
     return StepRecord(
         prompt_ids=[1] * prompt, token_ids=[4, 5], logprobs=[0.0, 0.0], edit_mask=[0, 0],
@@ -112,6 +122,8 @@ def test_cost_per_success_is_undefined_without_a_success() -> None:
         (["eval.policies=[greedy]"], "unknown policy 'greedy'"),
         (["eval.split=holdout"], "unknown split 'holdout'"),
         (["eval.episodes=20000"], "split 'test' has 10000 seeds"),
+        (["eval.offset=9999", "eval.episodes=2"], "cannot take n=2 from offset 9999"),
+        (["eval.offset=-1"], "cannot start at offset -1"),
         (["eval.difficulty=brutal"], "unknown difficulty 'brutal'"),
         (["rollout.workers=0"], "workers must be >= 1"),
         (["eval.modes=[notes]", "engine.name=hf"], "unknown mode 'notes'"),

@@ -107,6 +107,13 @@ def test_splits_are_disjoint_and_stable() -> None:
         "test": range(110_000, 120_000),
     } == SPLIT_RANGES
     assert list(split_seeds("dev", 3)) == [100_000, 100_001, 100_002]
+    # a later block of a split: from its offset-th seed on, never past its end
+    assert list(split_seeds("test", 3, offset=128)) == [110_128, 110_129, 110_130]
+    assert list(split_seeds("test", offset=9_998)) == [119_998, 119_999]
+    with pytest.raises(TaskError, match="cannot take n=3 from offset 9998"):
+        split_seeds("test", 3, offset=9_998)
+    with pytest.raises(TaskError, match="cannot start at offset -1"):
+        split_seeds("test", 3, offset=-1)
     ranges = list(SPLIT_RANGES.values())
     assert all(set(a).isdisjoint(b) for i, a in enumerate(ranges) for b in ranges[i + 1 :])
     assert [split_of(s) for s in (0, 99_999, 100_000, 110_000, 119_999, 120_000)] == [

@@ -25,7 +25,7 @@ import yaml
 from ctxrl.config import load_config
 from ctxrl.env.config import HarnessConfig
 from ctxrl.env.tasks.registry import KNOWN_FAMILIES, check_difficulty
-from ctxrl.env.tasks.splits import SPLIT_RANGES
+from ctxrl.env.tasks.splits import SPLIT_RANGES, split_seeds
 from ctxrl.errors import ConfigError, TaskError
 from ctxrl.evolve.config import EvolveConfig
 from ctxrl.rewards.advantages import AdvantageConfig
@@ -83,12 +83,19 @@ class EvalConfig:
     split: str = "test"
     difficulty: str = "default"
     episodes: int = 10
-    """Episodes per family and policy (or mode): the split's first seeds."""
+    """Episodes per family and policy (or mode): the split's first seeds (from ``offset`` on)."""
+    offset: int = 0
+    """Seeds of the split skipped before the evaluated ones: ``offset: 128`` with ``episodes: 128`` evaluates the
+    split's seeds 128-255, a block that an evaluation of the first 128 never touched."""
 
     def __post_init__(self) -> None:
         _check_tasks(self.families, self.split, self.difficulty)
         if self.episodes < 1:
             raise ConfigError(f"episodes must be >= 1, got {self.episodes}")
+        try:
+            split_seeds(self.split, self.episodes, self.offset)
+        except TaskError as exc:
+            raise ConfigError(f"eval: {exc}") from None
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ policy in ``eval.policies`` runs in its own mode; with a model engine the model 
 ``eval.modes``. Either way every episode goes through the same rollout loop as training
 (:func:`ctxrl.train.rollout.rollout`, group size 1) and the table is computed from its
 :class:`~ctxrl.train.trajectory.EpisodeRecord` s. Every policy runs the same tasks: per family, the first
-``eval.episodes`` seeds of ``eval.split``. Per policy, per family and overall the table gives: success rate ±
+``eval.episodes`` seeds of ``eval.split`` (after its first ``eval.offset``). Per policy, per family and overall the table gives: success rate ±
 its standard error, prompt tokens per episode, compute per episode (FLOPs of the policy's model after
 prefix-cache reuse, :mod:`ctxrl.rewards.cost`; the tiny model's for scripted policies), edits and rollbacks
 per episode, and receipts by kind per episode.
@@ -101,7 +101,7 @@ def eval_command(
         check_writable_file(json_path)
     if out is not None:
         out = prepare_out(out, overwrite=overwrite)
-    seeds = split_seeds(ev.split, ev.episodes)
+    seeds = split_seeds(ev.split, ev.episodes, ev.offset)
     tasks = [make_task(f, s, ev.difficulty, split=ev.split) for f in families for s in seeds]
     scripted = engine_spec(config.engine.name).needs_policy
     folder, tokenizer, price = resolve_model(config, out)

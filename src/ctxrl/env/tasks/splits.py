@@ -28,16 +28,18 @@ def split_of(seed: int) -> str:
     return EXTRA
 
 
-def split_seeds(split: str, n: int | None = None) -> range:
-    """The first ``n`` seeds of ``split`` (all of them when ``n`` is None), in order."""
+def split_seeds(split: str, n: int | None = None, offset: int = 0) -> range:
+    """``n`` seeds of ``split`` in order, from its ``offset``-th on (all of them when ``n`` is None)."""
     if split not in SPLIT_RANGES:
         raise TaskError(f"unknown split {split!r}; known splits: {', '.join(SPLIT_RANGES)}")
     seeds = SPLIT_RANGES[split]
+    if not 0 <= offset <= len(seeds):
+        raise TaskError(f"split {split!r} has {len(seeds)} seeds; cannot start at offset {offset}")
     if n is None:
-        return seeds
-    if not 0 <= n <= len(seeds):
-        raise TaskError(f"split {split!r} has {len(seeds)} seeds; cannot take n={n}")
-    return seeds[:n]
+        return seeds[offset:]
+    if not 0 <= n <= len(seeds) - offset:
+        raise TaskError(f"split {split!r} has {len(seeds)} seeds; cannot take n={n} from offset {offset}")
+    return seeds[offset : offset + n]
 
 
 def describe_splits() -> str:
