@@ -64,6 +64,10 @@
 #   confirm_start, confirm_wide, confirm_wide_s1, confirm_wide_s2, compare_confirm   the confirmatory table: the start
 #               and the three seeds on the next FINAL test tasks (eval.offset=FINAL), untouched by every earlier
 #               evaluation, the seeds pooled: KEEP/summary_confirm.json
+#   grpo_wide_edit_mid, eval_wide_edit_mid, grpo_wide_edit, final_wide_edit, eval_wide_edit, compare_final_wide_edit,
+#               compare_wide_edit   the seventh arm with the efficiency advantage on edit tokens (the default,
+#               advantages.efficiency_tokens=edits) against the start and the twin: KEEP/summary_final_wide_edit.json
+#               (FINAL test tasks) and KEEP/summary_wide_edit.json (dev)
 #   grpo_wide_w0_s1_mid, eval_wide_w0_s1_mid, grpo_wide_w0_s1, final_wide_w0_s1, eval_wide_w0_s1   the twin with
 #               the first replicate's seeds, evaluated the same way
 # Sizes: HELDOUT, MID, STEPS, FINAL (environment). KEY=VALUE arguments go to both GRPO arms (e.g. train.lr=1e-4).
@@ -326,5 +330,15 @@ for run in wide wide_s1 wide_s2; do
 done
 stage compare_confirm "$CTXRL" compare "$KEEP/confirm_start" \
   "$KEEP/confirm_wide,$KEEP/confirm_wide_s1,$KEEP/confirm_wide_s2" --out "$KEEP/summary_confirm.json"
+# the recipe with the efficiency advantage on the default edit tokens (the reference design), declared
+# before it ran: the seventh arm without advantages.efficiency_tokens=actions, seed 0, against the start and the
+# w_eff = 0 twin (which is the same for either token choice) on the first FINAL test tasks: the ablation
+WIDE_EDIT=()
+for kv in "${WIDE[@]}"; do [ "$kv" = advantages.efficiency_tokens=actions ] || WIDE_EDIT+=("$kv"); done
+replicate wide_edit "${WIDE_EDIT[@]}" "$@"
+stage compare_final_wide_edit "$CTXRL" compare "$KEEP/final_start" "$KEEP/final_wide_edit" "$KEEP/final_wide_w0" \
+  --out "$KEEP/summary_final_wide_edit.json"
+stage compare_wide_edit "$CTXRL" compare "$START_EVAL" "$KEEP/eval_wide_edit" "$KEEP/eval_wide_w0" \
+  --out "$KEEP/summary_wide_edit.json"
 replicate wide_w0_s1 "${WIDE_W0[@]}" engine.seed=1 train.seed=1 "$@"  # the twin at the first replicate's seeds
 echo "== done: $KEEP/summary.json; stage times (s) in $KEEP/times.tsv"

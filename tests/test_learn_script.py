@@ -122,6 +122,14 @@ def test_every_stage_comes_after_what_it_reads_and_a_second_pass_skips_them_all(
         .replace("grpo_wide_w0_s1", "grpo_wide_w0")
         == (trains["grpo_wide_w0"])
     )
+    # the edit-token recipe: the seventh arm without the action-token ablation, compared with the start and the twin
+    assert "efficiency_tokens" not in trains["grpo_wide_edit"]
+    assert (
+        trains["grpo_wide"].replace(" advantages.efficiency_tokens=actions", "").replace("grpo_wide", "grpo_wide_edit")
+        == trains["grpo_wide_edit"]
+    )
+    edit = dict(ran)["compare_final_wide_edit"].split(" --out ")[0].split(" ")[-3:]
+    assert [p.rsplit("/", 1)[1] for p in edit] == ["final_start", "final_wide_edit", "final_wide_w0"]
     # the recipe's pool: its three seeds in one slot, against the start and the twin
     pool = dict(ran)["compare_final_pool"].split(" --out ")[0]
     slots = pool.split(" ")[-3:]
@@ -145,7 +153,7 @@ def test_every_stage_comes_after_what_it_reads_and_a_second_pass_skips_them_all(
     ]
     # the final table: every policy on the first 128 test tasks, written as KEEP/summary.json
     finals = [c for c in calls if c.startswith("eval ") and "/out/final_" in c]
-    assert len(finals) == 6 and all("eval.episodes=128" in c and "eval.split=test" in c for c in finals)
+    assert len(finals) == 7 and all("eval.episodes=128" in c and "eval.split=test" in c for c in finals)
     final = dict(ran)["compare_final"]
     assert final.endswith("/keep/summary.json") and all(
         f"/keep/final_{p} " in final for p in ("start", "wide")
