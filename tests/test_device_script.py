@@ -15,18 +15,24 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow
-def test_device_train_check_quick_runs_a_grpo_step_and_prints_its_figures(tmp_path: Path) -> None:
-    env = {**os.environ, "CTXRL_PYTHON": sys.executable, "OUT": str(tmp_path / "out")}
-    done = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "device_train_check.sh"), "--quick"],
-        cwd=tmp_path,
+def _bash(
+    script: Path, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: int = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(script), *args],
+        cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=timeout,
         check=False,
     )
+
+
+@pytest.mark.slow
+def test_device_train_check_quick_runs_a_grpo_step_and_prints_its_figures(tmp_path: Path) -> None:
+    env = {**os.environ, "CTXRL_PYTHON": sys.executable, "OUT": str(tmp_path / "out")}
+    done = _bash(ROOT / "scripts" / "device_train_check.sh", "--quick", cwd=tmp_path, env=env, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert any(line.startswith("[device] torch") and line.endswith("cpu") for line in lines)
@@ -38,20 +44,14 @@ def test_device_train_check_quick_runs_a_grpo_step_and_prints_its_figures(tmp_pa
 
 
 def test_device_train_check_refuses_an_unknown_flag(tmp_path: Path) -> None:
-    done = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "device_train_check.sh"), "--gpus", "8"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = _bash(ROOT / "scripts" / "device_train_check.sh", "--gpus", "8")
     assert done.returncode == 2 and "unknown argument --gpus" in done.stderr
 
 
 def _tree_with_the_scripts(tmp_path: Path) -> Path:
     tree = tmp_path / "tree"
     (tree / "scripts").mkdir(parents=True)
-    for name in ("device_train_check.sh", "device_stage.sh"):
+    for name in ("device_train_check.sh", "device_lib.sh"):
         (tree / "scripts" / name).write_bytes((ROOT / "scripts" / name).read_bytes())
     return tree
 
@@ -62,14 +62,7 @@ def _stage_only(tree: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
         "CTXRL_SMOL_STAGE": str(tmp_path / "stage"),
         "CTXRL_MODEL_CACHE": str(tmp_path / "cache"),
     }
-    return subprocess.run(
-        ["bash", str(tree / "scripts" / "device_train_check.sh"), "--stage-only"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return _bash(tree / "scripts" / "device_train_check.sh", "--stage-only", env=env)
 
 
 def test_wheel_parts_carried_on_separate_calls_are_joined_into_the_model_cache(tmp_path: Path) -> None:
@@ -119,7 +112,7 @@ def _tiny_adapters(base: Path, root: Path, names: list[str]) -> None:
             AutoModelForCausalLM.from_pretrained(base),
             LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False),
         )
-        model.save_pretrained(root / rel)
+        model.save_pretrained(str(root / rel))
 
 
 @pytest.mark.slow
@@ -136,23 +129,18 @@ def test_device_learning_eval_quick_merges_the_chain_and_pools_the_runs(tmp_path
     step = "checkpoints/step-000020/model"
     _tiny_adapters(base, adapters, ["sft/adapter", "sft_ei/adapter", f"grpo_a/{step}", f"grpo_b/{step}"])
     env = {**os.environ, "CTXRL_PYTHON": sys.executable, "CTXRL_SMOL_STAGE": str(tmp_path / "stage")}
-    done = subprocess.run(
-        [
-            "bash",
-            str(ROOT / "scripts" / "device_learning_eval.sh"),
-            "--quick",
-            "--adapters",
-            str(adapters),
-            "--runs",
-            "a b",
-            "--out",
-            str(out),
-        ],
+    script = ROOT / "scripts" / "device_learning_eval.sh"
+    done = _bash(
+        script,
+        "--quick",
+        "--adapters",
+        str(adapters),
+        "--runs",
+        "a b",
+        "--out",
+        str(out),
         env=env,
-        capture_output=True,
-        text=True,
         timeout=600,
-        check=False,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     keep = out / "keep"
@@ -190,20 +178,8 @@ def test_device_learning_eval_quick_merges_the_chain_and_pools_the_runs(tmp_path
 def test_device_learning_eval_names_a_missing_adapter(tmp_path: Path) -> None:
     (tmp_path / "sft" / "adapter").mkdir(parents=True)
     (tmp_path / "sft" / "adapter" / "adapter_config.json").write_text("{}")
-    done = subprocess.run(
-        [
-            "bash",
-            str(ROOT / "scripts" / "device_learning_eval.sh"),
-            "--adapters",
-            str(tmp_path),
-            "--out",
-            str(tmp_path / "out"),
-        ],
-        env={**os.environ, "CTXRL_PYTHON": sys.executable, "CTXRL_SMOL_STAGE": str(tmp_path / "stage")},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    env = {**os.environ, "CTXRL_PYTHON": sys.executable, "CTXRL_SMOL_STAGE": str(tmp_path / "stage")}
+    script = ROOT / "scripts" / "device_learning_eval.sh"
+    done = _bash(script, "--adapters", str(tmp_path), "--out", str(tmp_path / "out"), env=env)
     assert done.returncode == 2
     assert f"no LoRA adapter in {tmp_path}/sft_ei/adapter" in done.stderr

