@@ -125,7 +125,9 @@ def test_every_stage_comes_after_what_it_reads_and_a_second_pass_skips_them_all(
     # the edit-token recipe: the seventh arm without the action-token ablation, compared with the start and the twin
     assert "efficiency_tokens" not in trains["grpo_wide_edit"]
     assert (
-        trains["grpo_wide"].replace(" advantages.efficiency_tokens=actions", "").replace("grpo_wide", "grpo_wide_edit")
+        trains["grpo_wide"]
+        .replace(" advantages.efficiency_tokens=actions", "")
+        .replace("grpo_wide", "grpo_wide_edit")
         == trains["grpo_wide_edit"]
     )
     edit = dict(ran)["compare_final_wide_edit"].split(" --out ")[0].split(" ")[-3:]
