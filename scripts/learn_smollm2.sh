@@ -68,6 +68,9 @@
 #               compare_wide_edit   the seventh arm with the efficiency advantage on edit tokens (the default,
 #               advantages.efficiency_tokens=edits) against the start and the twin: KEEP/summary_final_wide_edit.json
 #               (FINAL test tasks) and KEEP/summary_wide_edit.json (dev)
+#   grpo_wide_edit_w1_mid, eval_wide_edit_w1_mid, grpo_wide_edit_w1, final_wide_edit_w1, eval_wide_edit_w1,
+#               compare_final_wide_edit_w1, compare_wide_edit_w1   the edit-token arm at w_eff = 1.0 against the start
+#               and the edit-token arm: KEEP/summary_final_wide_edit_w1.json (test), KEEP/summary_wide_edit_w1.json
 #   grpo_wide_w0_s1_mid, eval_wide_w0_s1_mid, grpo_wide_w0_s1, final_wide_w0_s1, eval_wide_w0_s1   the twin with
 #               the first replicate's seeds, evaluated the same way
 # Sizes: HELDOUT, MID, STEPS, FINAL (environment). KEY=VALUE arguments go to both GRPO arms (e.g. train.lr=1e-4).
@@ -340,5 +343,13 @@ stage compare_final_wide_edit "$CTXRL" compare "$KEEP/final_start" "$KEEP/final_
   --out "$KEEP/summary_final_wide_edit.json"
 stage compare_wide_edit "$CTXRL" compare "$START_EVAL" "$KEEP/eval_wide_edit" "$KEEP/eval_wide_w0" \
   --out "$KEEP/summary_wide_edit.json"
+# the edit-token recipe at four times the efficiency weight (w_eff = 1.0), declared before it ran: at 0.25 the
+# relative efficiency advantage (the cost difference among a group's successes, about +-0.2) is about a tenth of the
+# task advantage, and neither token choice moved compute per success; against the start and the edit-token arm
+replicate wide_edit_w1 "${WIDE_EDIT[@]}" advantages.w_eff=1.0 "$@"
+stage compare_final_wide_edit_w1 "$CTXRL" compare "$KEEP/final_start" "$KEEP/final_wide_edit_w1" \
+  "$KEEP/final_wide_edit" --out "$KEEP/summary_final_wide_edit_w1.json"
+stage compare_wide_edit_w1 "$CTXRL" compare "$START_EVAL" "$KEEP/eval_wide_edit_w1" "$KEEP/eval_wide_edit" \
+  --out "$KEEP/summary_wide_edit_w1.json"
 replicate wide_w0_s1 "${WIDE_W0[@]}" engine.seed=1 train.seed=1 "$@"  # the twin at the first replicate's seeds
 echo "== done: $KEEP/summary.json; stage times (s) in $KEEP/times.tsv"

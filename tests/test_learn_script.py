@@ -132,6 +132,12 @@ def test_every_stage_comes_after_what_it_reads_and_a_second_pass_skips_them_all(
     )
     edit = dict(ran)["compare_final_wide_edit"].split(" --out ")[0].split(" ")[-3:]
     assert [p.rsplit("/", 1)[1] for p in edit] == ["final_start", "final_wide_edit", "final_wide_w0"]
+    # the same at four times the efficiency weight, compared with the start and the edit-token arm
+    assert trains["grpo_wide_edit_w1"] == trains["grpo_wide_edit"].replace(
+        "grpo_wide_edit", "grpo_wide_edit_w1"
+    ) + (" advantages.w_eff=1.0")
+    w1 = dict(ran)["compare_final_wide_edit_w1"].split(" --out ")[0].split(" ")[-3:]
+    assert [p.rsplit("/", 1)[1] for p in w1] == ["final_start", "final_wide_edit_w1", "final_wide_edit"]
     # the recipe's pool: its three seeds in one slot, against the start and the twin
     pool = dict(ran)["compare_final_pool"].split(" --out ")[0]
     slots = pool.split(" ")[-3:]
@@ -155,7 +161,7 @@ def test_every_stage_comes_after_what_it_reads_and_a_second_pass_skips_them_all(
     ]
     # the final table: every policy on the first 128 test tasks, written as KEEP/summary.json
     finals = [c for c in calls if c.startswith("eval ") and "/out/final_" in c]
-    assert len(finals) == 7 and all("eval.episodes=128" in c and "eval.split=test" in c for c in finals)
+    assert len(finals) == 8 and all("eval.episodes=128" in c and "eval.split=test" in c for c in finals)
     final = dict(ran)["compare_final"]
     assert final.endswith("/keep/summary.json") and all(
         f"/keep/final_{p} " in final for p in ("start", "wide")
