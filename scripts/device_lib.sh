@@ -52,7 +52,7 @@ base_model() {  # base_model QUICK DIR: prints the model folder: the tiny model 
 }
 
 sandbox_overrides() {  # prints harness.sandbox.backend=none where no command sandbox works on this machine
-  if ! "$PY" -c "import sys, tempfile; from ctxrl.env.sandbox import Sandbox; Sandbox(tempfile.mkdtemp())" 2> /dev/null; then
+  if ! "$PY" -c "import tempfile; from ctxrl.env.sandbox import Sandbox; Sandbox(tempfile.mkdtemp())" 2> /dev/null; then
     echo "[device] no command sandbox works here: commands run unisolated (harness.sandbox.backend=none)" >&2
     echo harness.sandbox.backend=none
   fi

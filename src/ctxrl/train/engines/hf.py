@@ -164,14 +164,13 @@ class HFEngine:
         # Each new token's logprob under the raw logits, computed a step at a time on the model's device: a
         # [batch, steps, vocab] tensor (6 GB at 128 x 256 x 49k in float32) is never stacked or copied to the CPU.
         on_device = out.sequences[:, width:]
-        chosen = torch.stack(
-            [
-                step.float().gather(-1, on_device[:, t : t + 1]).squeeze(-1)
-                - torch.logsumexp(step.float(), dim=-1)
-                for t, step in enumerate(out.logits)
-            ],
-            dim=1,
-        ).cpu()
+        columns = []
+        for t, step in enumerate(out.logits):
+            logits = step.float()
+            columns.append(
+                logits.gather(-1, on_device[:, t : t + 1]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+            )
+        chosen = torch.stack(columns, dim=1).cpu()
         new_ids = on_device.cpu()
         stop_set = set(stop_ids)
         for row, k in enumerate(run):
