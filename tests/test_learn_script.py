@@ -138,7 +138,31 @@ def test_every_stage_comes_after_what_it_reads_and_a_second_pass_skips_them_all(
     ) + (" advantages.w_eff=1.0")
     w1 = dict(ran)["compare_final_wide_edit_w1"].split(" --out ")[0].split(" ")[-3:]
     assert [p.rsplit("/", 1)[1] for p in w1] == ["final_start", "final_wide_edit_w1", "final_wide_edit"]
-    # the recipe's pool: its three seeds in one slot, against the start and the twin
+    # the reference recipe's seeds 1 and 2 differ from its seed 0 in their seeds only; its three seeds pooled
+    # against the start and the twin are the final table, KEEP/summary.json
+    for seed in (1, 2):
+        assert (
+            trains[f"grpo_wide_edit_s{seed}"]
+            .replace(f" engine.seed={seed} train.seed={seed}", "")
+            .replace(f"grpo_wide_edit_s{seed}", "grpo_wide_edit")
+            == (trains["grpo_wide_edit"])
+        )
+    edit_pool = dict(ran)["compare_final_edit_pool"]
+    assert edit_pool.endswith("/keep/summary.json")
+    slots = edit_pool.split(" --out ")[0].split(" ")[-3:]
+    assert slots[0].endswith("/keep/final_start") and slots[2].endswith("/keep/final_wide_w0")
+    assert [p.rsplit("/", 1)[1] for p in slots[1].split(",")] == [
+        "final_wide_edit",
+        "final_wide_edit_s1",
+        "final_wide_edit_s2",
+    ]
+    dev_pool = dict(ran)["compare_edit_pool"].split(" --out ")[0].split(" ")[-3:]
+    assert [p.rsplit("/", 1)[1] for p in dev_pool[1].split(",")] == [
+        "eval_wide_edit",
+        "eval_wide_edit_s1",
+        "eval_wide_edit_s2",
+    ]
+    # the action-token recipe's pool: its three seeds in one slot, against the start and the twin
     pool = dict(ran)["compare_final_pool"].split(" --out ")[0]
     slots = pool.split(" ")[-3:]
     assert slots[0].endswith("/keep/final_start") and slots[2].endswith("/keep/final_wide_w0")
@@ -159,11 +183,11 @@ def test_every_stage_comes_after_what_it_reads_and_a_second_pass_skips_them_all(
         "confirm_wide_s1",
         "confirm_wide_s2",
     ]
-    # the final table: every policy on the first 128 test tasks, written as KEEP/summary.json
+    # every policy of a final table on the first 128 test tasks; the seventh arm's seed-0 table kept apart
     finals = [c for c in calls if c.startswith("eval ") and "/out/final_" in c]
-    assert len(finals) == 8 and all("eval.episodes=128" in c and "eval.split=test" in c for c in finals)
+    assert len(finals) == 10 and all("eval.episodes=128" in c and "eval.split=test" in c for c in finals)
     final = dict(ran)["compare_final"]
-    assert final.endswith("/keep/summary.json") and all(
+    assert final.endswith("/keep/summary_final_wide.json") and all(
         f"/keep/final_{p} " in final for p in ("start", "wide")
     )
     again, calls_again = _run(env)
