@@ -5,9 +5,10 @@
 
 Each argument is an eval (or rollout) folder holding ``trajectories.jsonl``. A turn's compute is its recorded
 prefix-cache cost (``cost.flops``: uncached prompt tokens and generated tokens); the turn is a **read** while the
-episode has called the stream tool (``next_chunk``) at most as many times as its task has parts, a **late read**
-after that (the stream has only its end marker left to give), an **edit** when it edited the context, a
-**submit**, or **other**. ``rebuilt`` is the share spent in the turns whose prompt was rebuilt because the turn
+episode has called the stream tool (``next_chunk``) at most as many times as its task has parts, the **end check**
+on the next call (the stream answers with its end marker; the task's prompt asks for calls "until it reports the
+end of the stream", though it also says how many parts there are), a **late read** on any call after that (the
+end marker again), an **edit** when the turn edited the context, a **submit**, or **other**. ``rebuilt`` is the share spent in the turns whose prompt was rebuilt because the turn
 before edited (their cache starts over after the pinned prefix); it overlaps the kinds.
 
 Also per policy: how many episodes read every part, and the success rate of those that did and those that did not
@@ -26,7 +27,7 @@ from pathlib import Path
 from ctxrl.env.tasks.retention import PRESETS
 
 STREAM_TOOL = "next_chunk"
-KINDS = ("read", "late_read", "edit", "submit", "other")
+KINDS = ("read", "end_check", "late_read", "edit", "submit", "other")
 
 
 def turn_kind(step: dict, reads_so_far: int, parts: int) -> str:
@@ -35,7 +36,9 @@ def turn_kind(step: dict, reads_so_far: int, parts: int) -> str:
     if step.get("edited"):
         return "edit"
     if STREAM_TOOL in tools:
-        return "read" if reads_so_far < parts else "late_read"
+        if reads_so_far < parts:
+            return "read"
+        return "end_check" if reads_so_far == parts else "late_read"
     if "submit" in tools:
         return "submit"
     return "other"
@@ -59,7 +62,7 @@ def breakdown(episodes: list[dict]) -> dict:
             counts[kind] += 1
             if step.get("prompt_source") == "rebuild" and step.get("rebuild_reason") == "edit":
                 rebuilt += cost
-            reads += kind in ("read", "late_read")
+            reads += kind in ("read", "end_check", "late_read")
         success = bool(episode["success"])
         solved += success
         if reads >= parts:
@@ -110,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cost_breakdown: {exc}", file=sys.stderr)
         return 2
     header = (
-        "policy | solved | GFLOP/success | reads | late reads | edits | compute: read / late / edit / submit"
+        "policy | solved | GFLOP/success | reads | end checks | late reads | edits | "
+        "compute: read / end check / late / edit / submit"
     )
     print(header)
     for name, row in table.items():
@@ -118,8 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         per = row["per_episode"]
         print(
             f"{name} | {row['solved']}/{row['episodes']} | {row['gflop_per_success'] or 0:.0f} | "
-            f"{per['read']:.2f} | {per['late_read']:.2f} | {per['edit']:.2f} | "
-            f"{share['read']:.2f} / {share['late_read']:.2f} / {share['edit']:.2f} / {share['submit']:.2f}"
+            f"{per['read']:.2f} | {per['end_check']:.2f} | {per['late_read']:.2f} | {per['edit']:.2f} | "
+            f"{share['read']:.2f} / {share['end_check']:.2f} / {share['late_read']:.2f} / {share['edit']:.2f} / "
+            f"{share['submit']:.2f}"
         )
     if args.out is not None:
         args.out.write_text(json.dumps(table, indent=1) + "\n")

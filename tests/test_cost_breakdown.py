@@ -35,7 +35,7 @@ def _episode(success: bool, steps: list[dict]) -> dict:
 
 
 def test_reads_past_the_streams_end_edits_and_rebuilt_turns_are_told_apart() -> None:
-    # `small` has three parts: the fourth and fifth reads are late, whatever comes between them
+    # `small` has three parts: the fourth read is the end check and the fifth a late read, an edit between or not
     long = _episode(True, [
         _turn(["next_chunk"], 10), _turn(["next_chunk"], 10), _turn(["shell"], 30, edited=True),
         _turn(["next_chunk"], 20, rebuilt=True), _turn(["next_chunk"], 5), _turn(["next_chunk"], 5),
@@ -44,9 +44,11 @@ def test_reads_past_the_streams_end_edits_and_rebuilt_turns_are_told_apart() -> 
     short = _episode(False, [_turn(["next_chunk"], 40), _turn(["shell"], 10), _turn(["submit"], 50)])
     row = cost_breakdown.breakdown([long, short])
     assert row["compute_share"] == pytest.approx(
-        {"read": 80 / 200, "late_read": 10 / 200, "edit": 30 / 200, "submit": 70 / 200, "other": 10 / 200}
-    )
-    assert row["per_episode"]["late_read"] == 1.0 and row["per_episode"]["read"] == 2.0
+        {"read": 80 / 200, "end_check": 5 / 200, "late_read": 5 / 200, "edit": 30 / 200, "submit": 70 / 200,
+         "other": 10 / 200}
+    )  # fmt: skip
+    assert row["per_episode"]["read"] == 2.0
+    assert row["per_episode"]["end_check"] == 0.5 and row["per_episode"]["late_read"] == 0.5
     assert row["rebuilt_after_edit_share"] == pytest.approx(20 / 200)
     assert row["solved"] == 1 and row["gflop_per_success"] == pytest.approx(200 / 1e9)
     assert row["read_every_part"] == 1
@@ -80,6 +82,7 @@ def test_the_script_reads_a_recorded_rollout(tmp_path: Path, tiny_model_dir: Pat
     # the scripted manager reads the three parts once each, keeps its notes in an edit and solves every task
     assert row["episodes"] == 4 and row["solved"] == 4
     assert row["per_episode"]["read"] == 3.0 and row["per_episode"]["late_read"] == 0.0
+    assert row["per_episode"]["end_check"] == 0.0  # it stops at the count of parts the prompt names
     assert row["per_episode"]["edit"] >= 1.0 and row["compute_share"]["edit"] > 0
     assert sum(row["compute_share"].values()) == pytest.approx(1.0)
     assert row["success_if_read_every_part"] == 1.0
