@@ -8,8 +8,9 @@ prefix-cache cost (``cost.flops``: uncached prompt tokens and generated tokens);
 episode has called the stream tool (``next_chunk``) at most as many times as its task has parts, the **end check**
 on the next call (the stream answers with its end marker; the task's prompt asks for calls "until it reports the
 end of the stream", though it also says how many parts there are), a **late read** on any call after that (the
-end marker again), an **edit** when the turn edited the context, a **submit**, or **other**. ``rebuilt`` is the share spent in the turns whose prompt was rebuilt because the turn
-before edited (their cache starts over after the pinned prefix); it overlaps the kinds.
+end marker again), an **edit** when the turn edited the context, a **submit**, or **other**.
+``rebuilt_after_edit_share`` is the share spent in the turns whose prompt was rebuilt because the turn before
+edited (their cache starts over after the pinned prefix); it overlaps the kinds.
 
 Also per policy: how many episodes read every part, and the success rate of those that did and those that did not
 (a retention answer can only be right when the part holding it was read). Only the trajectories are read; nothing
@@ -53,6 +54,10 @@ def breakdown(episodes: list[dict]) -> dict:
     for episode in episodes:
         if episode.get("family") != "retention":
             raise ValueError(f"{episode.get('task_id')}: not a retention episode")
+        if episode.get("difficulty") not in PRESETS:
+            raise ValueError(
+                f"{episode.get('task_id')}: unknown retention level {episode.get('difficulty')!r}"
+            )
         parts = PRESETS[episode["difficulty"]].n_chunks
         reads = 0
         for step in episode["steps"]:
@@ -109,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         table = {folder.name: breakdown(load(folder)) for folder in args.folders}
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError) as exc:  # a file, a line or a field
         print(f"cost_breakdown: {exc}", file=sys.stderr)
         return 2
     header = (

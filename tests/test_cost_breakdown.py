@@ -58,6 +58,10 @@ def test_reads_past_the_streams_end_edits_and_rebuilt_turns_are_told_apart() -> 
 def test_an_episode_of_another_family_or_a_broken_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="board:easy:3: not a retention episode"):
         cost_breakdown.breakdown([{"task_id": "board:easy:3", "family": "board", "steps": []}])
+    with pytest.raises(ValueError, match="retention:huge:1: unknown retention level 'huge'"):
+        cost_breakdown.breakdown(
+            [{"task_id": "retention:huge:1", "family": "retention", "difficulty": "huge"}]
+        )
     (tmp_path / "trajectories.jsonl").write_text('{"a": 1}\n{broken\n')
     assert cost_breakdown.main([str(tmp_path)]) == 2
 
