@@ -26,6 +26,8 @@ from collections import Counter
 from pathlib import Path
 
 from ctxrl.env.tasks.retention import PRESETS
+from ctxrl.errors import UsageError
+from ctxrl.train.run_folder import json_lines
 
 STREAM_TOOL = "next_chunk"
 KINDS = ("read", "end_check", "late_read", "edit", "submit", "other")
@@ -91,18 +93,8 @@ def breakdown(episodes: list[dict]) -> dict:
 
 
 def load(folder: Path) -> list[dict]:
-    path = folder / "trajectories.jsonl"
-    if not path.is_file():
-        raise FileNotFoundError(f"{folder}: no trajectories.jsonl (an eval or rollout folder holds one)")
-    episodes = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            episodes.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: line {number} is not JSON ({exc.msg})") from None
-    return episodes
+    """The episodes of ``folder/trajectories.jsonl``, read by the project's one JSONL reader."""
+    return [episode for _, episode in json_lines(folder / "trajectories.jsonl")]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         table = {folder.name: breakdown(load(folder)) for folder in args.folders}
-    except (OSError, ValueError, KeyError) as exc:  # a file, a line or a field
+    except (UsageError, ValueError, KeyError) as exc:  # a file, a line or a field
         print(f"cost_breakdown: {exc}", file=sys.stderr)
         return 2
     header = (
