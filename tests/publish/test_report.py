@@ -597,7 +597,7 @@ def test_held_out_points_go_to_the_runs_the_summary_evaluated() -> None:
     """A summary that records where each evaluated model was exported from puts its held-out points on those
     runs' curves, at the evaluated step, and on no other arm's, whatever its keys are called; an older summary
     without that record still names its arms by its keys."""
-    from ctxrl.publish.report.plots import held_out
+    from ctxrl.publish.report.plots import HeldOut, held_out
 
     summary = {
         "sft_success": 0.5, "grpo_success": 0.625, "grpo_w0_success": 0.6875,
@@ -607,11 +607,28 @@ def test_held_out_points_go_to_the_runs_the_summary_evaluated() -> None:
             "grpo_w0": {"run": "runs/ladder/grpo_wide_w0", "step": 10},
         },
     }  # fmt: skip
-    assert held_out(summary, "grpo_wide") == (0.625, 20)
-    assert held_out(summary, "grpo_wide_w0") == (0.6875, 10)
+    assert held_out(summary, "grpo_wide") == HeldOut(0.625, 20)
+    assert held_out(summary, "grpo_wide_w0") == HeldOut(0.6875, 10)
     assert held_out(summary, "grpo") is None and held_out(summary, "grpo_w0") is None
     older = {k: v for k, v in summary.items() if k != "exported_from"}
-    assert held_out(older, "grpo") == (0.625, None) and held_out(older, "grpo_wide") is None
+    assert held_out(older, "grpo") == HeldOut(0.625, None) and held_out(older, "grpo_wide") is None
+
+
+def test_a_pooled_arm_gets_one_held_out_point_with_the_pools_standard_error() -> None:
+    """A pool of seeds has one held-out success: it goes on the pool's first run only, at that run's evaluated
+    step, with the SE ``ctxrl compare`` computed over the pooled per-task rates (not a binomial SE over the
+    tasks), and says how many runs it pools; the single twin beside it keeps the binomial SE."""
+    from ctxrl.publish.report.plots import HeldOut, held_out
+
+    seeds = [{"run": f"runs/ladder/grpo_edit{s}", "step": 20} for s in ("", "_s1", "_s2")]
+    summary = {
+        "sft_success": 0.49, "grpo_success": 0.6, "grpo_w0_success": 0.57,
+        "success_se": {"sft": 0.044, "grpo": 0.031, "grpo_w0": 0.044},
+        "exported_from": {"sft": None, "grpo": seeds, "grpo_w0": {"run": "runs/ladder/grpo_w0", "step": 18}},
+    }  # fmt: skip
+    assert held_out(summary, "grpo_edit") == HeldOut(0.6, 20, 0.031, 3)
+    assert held_out(summary, "grpo_edit_s1") is None and held_out(summary, "grpo_edit_s2") is None
+    assert held_out(summary, "grpo_w0") == HeldOut(0.57, 18)
 
 
 def test_every_figure_is_drawn_under_the_report_style() -> None:

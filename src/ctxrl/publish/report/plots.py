@@ -148,32 +148,52 @@ def binomial_se(p: float, n: float) -> float:
     return math.sqrt(max(p * (1.0 - p), 0.0) / n) if n > 0 else 0.0
 
 
-def held_out(comparison: Mapping[str, Any], arm: str) -> tuple[float, int | None] | None:
-    """The held-out success of the training run in folder ``arm`` in ``ctxrl compare``'s summary, and the step
-    of the evaluated checkpoint, or None when the summary did not evaluate that run. A summary that records
-    ``exported_from`` names its runs there (matched by folder name); an older one by its keys
-    (``<arm>_success``: the arms ``grpo`` and ``grpo_w0``), the checkpoint then being the run's last."""
+@dataclass(frozen=True)
+class HeldOut:
+    """One held-out point of ``ctxrl compare``'s summary: the success, the evaluated checkpoint's step (None when
+    the summary does not say), its standard error (None: take the binomial one over the held-out tasks), and how
+    many training runs were pooled into it."""
+
+    success: float
+    step: int | None
+    se: float | None = None
+    runs: int = 1
+
+
+def _origin_step(origin: Mapping[str, Any]) -> int | None:
+    step = origin.get("step")
+    return step if isinstance(step, int) else None
+
+
+def held_out(comparison: Mapping[str, Any], arm: str) -> HeldOut | None:
+    """The held-out success of the training run in folder ``arm`` in ``ctxrl compare``'s summary, or None when
+    the summary did not evaluate that run. A summary that records ``exported_from`` names its runs there
+    (matched by folder name); an older one by its keys (``<arm>_success``: the arms ``grpo`` and ``grpo_w0``),
+    the checkpoint then being the run's last. A pool of replicates (``exported_from`` a list) has one success
+    for all its runs: it is given once, on the first run it names, with the pool's own standard error."""
     origins = comparison.get("exported_from")
-    if isinstance(origins, dict):
-        for key in ("grpo", "grpo_w0"):
-            origin, success = origins.get(key), comparison.get(f"{key}_success")
-            if (
-                isinstance(origin, dict)
-                and PurePath(str(origin.get("run"))).name == arm
-                and is_number(success)
-            ):
-                step = origin.get("step")
-                return float(success), step if isinstance(step, int) else None
-        return None
-    success = comparison.get(f"{arm}_success")
-    return (float(success), None) if is_number(success) else None
+    if not isinstance(origins, dict):
+        success = comparison.get(f"{arm}_success")
+        return HeldOut(float(success), None) if is_number(success) else None
+    errors = comparison.get("success_se")
+    for key in ("grpo", "grpo_w0"):
+        origin, success = origins.get(key), comparison.get(f"{key}_success")
+        if not is_number(success):
+            continue
+        members = origin if isinstance(origin, list) else [origin]
+        first = members[0] if members else None
+        if not isinstance(first, dict) or PurePath(str(first.get("run"))).name != arm:
+            continue
+        se = errors.get(key) if isinstance(errors, dict) and len(members) > 1 else None
+        return HeldOut(float(success), _origin_step(first), float(se) if is_number(se) else None, len(members))
+    return None
 
 
 @_styled
 def plot_arms(arms: Mapping[str, Sequence[MetricRow]], comparison: dict[str, Any] | None) -> Plot:
     """Every arm's training success by step with a band of ± one binomial SE (``rollout/episodes`` a step),
     and, from ``ctxrl compare``'s summary, held-out success ± SE: the start at step 0, each evaluated arm at the
-    step of its checkpoint (:func:`held_out`)."""
+    step of its checkpoint, a pool of replicates once, on its first run (:func:`held_out`)."""
     fig = _figure(7.2, 3.4)
     which = "Both arms" if len(arms) == 2 else f"{len(arms)} arms"
     title = f"{which}: training success by step (band: ± SE) and held-out success (points: ± SE)"
@@ -201,16 +221,16 @@ def plot_arms(arms: Mapping[str, Sequence[MetricRow]], comparison: dict[str, Any
         point = held_out(comparison, name) if comparison else None
         if comparison and point is not None:
             n = float(comparison["heldout_tasks"])
-            held, step = point
+            pooled = f", pool of {point.runs} runs" if point.runs > 1 else ""
             ax.errorbar(
-                [step if step is not None else xs[-1] if xs else 0],
-                [held],
-                yerr=[binomial_se(held, n)],
+                [point.step if point.step is not None else xs[-1] if xs else 0],
+                [point.success],
+                yerr=[point.se if point.se is not None else binomial_se(point.success, n)],
                 fmt="s",
                 ms=7,
                 color=color,
                 capsize=4,
-                label=f"{name}: held-out ({n:.0f} tasks)",
+                label=f"{name}: held-out ({n:.0f} tasks{pooled})",
             )
     if comparison:
         start, n = float(comparison["sft_success"]), float(comparison["heldout_tasks"])
