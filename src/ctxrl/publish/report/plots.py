@@ -185,7 +185,9 @@ def held_out(comparison: Mapping[str, Any], arm: str) -> HeldOut | None:
         if not isinstance(first, dict) or PurePath(str(first.get("run"))).name != arm:
             continue
         se = errors.get(key) if isinstance(errors, dict) and len(members) > 1 else None
-        return HeldOut(float(success), _origin_step(first), float(se) if is_number(se) else None, len(members))
+        return HeldOut(
+            float(success), _origin_step(first), float(se) if is_number(se) else None, len(members)
+        )
     return None
 
 
