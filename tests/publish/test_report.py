@@ -631,6 +631,32 @@ def test_a_pooled_arm_gets_one_held_out_point_with_the_pools_standard_error() ->
     assert held_out(summary, "grpo_w0") == HeldOut(0.57, 18)
 
 
+def test_the_arms_figure_puts_the_summarys_runs_in_front_of_the_others() -> None:
+    """In a folder of many ablations the figure draws in colour the runs the summary evaluated (every seed of a
+    pool and the twin) and the rest as grey context; a summary that does not name its runs keeps every arm in
+    colour."""
+    from ctxrl.publish.report.load import MetricRow
+    from ctxrl.publish.report.plots import evaluated_runs, plot_arms
+
+    seeds = [{"run": f"runs/ladder/grpo_edit{s}", "step": 2} for s in ("", "_s1", "_s2")]
+    summary = {
+        "heldout_tasks": 32, "sft_success": 0.5, "grpo_success": 0.6, "grpo_w0_success": 0.55,
+        "success_se": {"sft": 0.09, "grpo": 0.05, "grpo_w0": 0.09},
+        "exported_from": {"sft": None, "grpo": seeds, "grpo_w0": {"run": "runs/ladder/grpo_w0", "step": 2}},
+    }  # fmt: skip
+    assert evaluated_runs(summary) == ["grpo_edit", "grpo_edit_s1", "grpo_edit_s2", "grpo_w0"]
+    assert evaluated_runs({"grpo_success": 0.6}) == [] and evaluated_runs(None) == []
+    names = ["grpo", "grpo_edit", "grpo_edit_s1", "grpo_edit_s2", "grpo_lr", "grpo_w0"]
+    arms = {
+        name: [MetricRow(s, {"reward/success": 0.5, "rollout/episodes": 16.0}) for s in (1, 2)]
+        for name in names
+    }
+    assert plot_arms(arms, summary).title.startswith("4 arms:")
+    older = {k: v for k, v in summary.items() if k != "exported_from"}
+    assert plot_arms(arms, older).title.startswith("6 arms:")
+    assert plot_arms(arms, None).title.startswith("6 arms:")
+
+
 def test_every_figure_is_drawn_under_the_report_style() -> None:
     """Each ``plot_*`` function runs under the report's matplotlib style (``_styled`` wraps it)."""
     from ctxrl.publish.report import plots

@@ -191,26 +191,55 @@ def held_out(comparison: Mapping[str, Any], arm: str) -> HeldOut | None:
     return None
 
 
+def evaluated_runs(comparison: Mapping[str, Any] | None) -> list[str]:
+    """The folder names of the training runs ``ctxrl compare``'s summary evaluated, in its order (every member
+    of a pool); empty when it has no ``exported_from`` record."""
+    origins = comparison.get("exported_from") if comparison else None
+    if not isinstance(origins, dict):
+        return []
+    names = []
+    for key in ("grpo", "grpo_w0"):
+        origin = origins.get(key)
+        for member in origin if isinstance(origin, list) else [origin]:
+            if isinstance(member, dict) and member.get("run"):
+                names.append(PurePath(str(member["run"])).name)
+    return names
+
+
 @_styled
 def plot_arms(arms: Mapping[str, Sequence[MetricRow]], comparison: dict[str, Any] | None) -> Plot:
     """Every arm's training success by step with a band of ± one binomial SE (``rollout/episodes`` a step),
     and, from ``ctxrl compare``'s summary, held-out success ± SE: the start at step 0, each evaluated arm at the
-    step of its checkpoint, a pool of replicates once, on its first run (:func:`held_out`)."""
-    fig = _figure(7.2, 3.4)
-    which = "Both arms" if len(arms) == 2 else f"{len(arms)} arms"
+    step of its checkpoint, a pool of replicates once, on its first run (:func:`held_out`). When the summary
+    names the runs it evaluated (:func:`evaluated_runs`) and there are others, those are drawn in colour and
+    the others as thin grey lines behind them, so a folder of many ablations still shows the compared arms."""
+    fig = _figure(8.4, 3.6)
+    named = [name for name in dict.fromkeys(evaluated_runs(comparison)) if name in arms]
+    shown = named or list(arms)
+    context = [name for name in arms if name not in shown]
+    which = "Both arms" if len(shown) == 2 else f"{len(shown)} arms"
     title = f"{which}: training success by step (band: ± SE) and held-out success (points: ± SE)"
     ax = fig.add_subplot(1, 1, 1)
     last = 0
-    for i, (name, rows) in enumerate(arms.items()):
-        color = _ARM_COLORS[i % len(_ARM_COLORS)]
-        pts = sorted(
+
+    def points(rows: Sequence[MetricRow]) -> list[tuple[int, float, float]]:
+        return sorted(
             (r.step, r.values[SUCCESS], r.values.get("rollout/episodes", 0.0))
             for r in rows
             if SUCCESS in r.values
         )
+
+    for i, name in enumerate(context):
+        pts = points(arms[name])
+        label = f"{len(context)} other arms: training" if i == 0 else None
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], lw=0.6, color="#bbbbbb", zorder=1, label=label)
+        last = max(last, pts[-1][0] if pts else 0)
+    for i, name in enumerate(shown):
+        color = _ARM_COLORS[i % len(_ARM_COLORS)]
+        pts = points(arms[name])
         xs, ys = [p[0] for p in pts], [p[1] for p in pts]
         se = [binomial_se(p[1], p[2]) for p in pts]
-        ax.plot(xs, ys, lw=1.2, marker=".", color=color, label=f"{name}: training")
+        ax.plot(xs, ys, lw=1.2, marker=".", color=color, label=f"{name}: training", zorder=2)
         ax.fill_between(
             xs,
             [y - e for y, e in zip(ys, se)],
@@ -233,6 +262,7 @@ def plot_arms(arms: Mapping[str, Sequence[MetricRow]], comparison: dict[str, Any
                 color=color,
                 capsize=4,
                 label=f"{name}: held-out ({n:.0f} tasks{pooled})",
+                zorder=3,
             )
     if comparison:
         start, n = float(comparison["sft_success"]), float(comparison["heldout_tasks"])
@@ -245,12 +275,13 @@ def plot_arms(arms: Mapping[str, Sequence[MetricRow]], comparison: dict[str, Any
             color="#555555",
             capsize=4,
             label=f"start: held-out ({n:.0f} tasks)",
+            zorder=3,
         )
     ax.set_xlim(-0.5, last + 0.5)
     ax.set_ylim(-0.05, 1.05)
     ax.set_xlabel("step")
     ax.set_ylabel("success")
-    ax.legend(loc="lower right", fontsize=8)
+    fig.legend(loc="outside right center", fontsize=7)
     fig.suptitle(title)
     return Plot("plot-arms", title, _svg(fig))
 
