@@ -75,6 +75,9 @@
 #               compare_edit_pool   the edit-token arm (w_eff = 0.25, the issue's reference recipe) at seeds 1 and 2,
 #               then its three seeds pooled against the start and the twin: KEEP/summary.json (FINAL test tasks, the
 #               issue's final table) and KEEP/summary_edit_pool.json (dev)
+#   confirm_wide_edit, confirm_wide_edit_s1, confirm_wide_edit_s2, compare_confirm_edit   the reference recipe's
+#               confirmatory table: its three seeds on the confirmatory test tasks, pooled against confirm_start:
+#               KEEP/summary_confirm_edit.json
 #   grpo_wide_w0_s1_mid, eval_wide_w0_s1_mid, grpo_wide_w0_s1, final_wide_w0_s1, eval_wide_w0_s1   the twin with
 #               the first replicate's seeds, evaluated the same way
 # Sizes: HELDOUT, MID, STEPS, FINAL (environment). KEY=VALUE arguments go to both GRPO arms (e.g. train.lr=1e-4).
@@ -368,5 +371,12 @@ stage compare_final_edit_pool "$CTXRL" compare "$KEEP/final_start" "$KEEP/${EDIT
 DEV_EDIT_POOL=eval_wide_edit,eval_wide_edit_s1,eval_wide_edit_s2
 stage compare_edit_pool "$CTXRL" compare "$START_EVAL" "$KEEP/${DEV_EDIT_POOL//,/,$KEEP/}" "$KEEP/eval_wide_w0" \
   --out "$KEEP/summary_edit_pool.json"
+# the reference recipe's confirmatory table, declared 2026-12-06 after its final table and before these ran: its
+# three seeds on the same next FINAL test tasks as the action-token recipe's confirmation, pooled against the start
+for run in wide_edit wide_edit_s1 wide_edit_s2; do
+  stage "confirm_$run" evaluate_run "confirm_$run" "grpo_$run" "$STEPS" "$FINAL" "${AFTER[@]}"
+done
+stage compare_confirm_edit "$CTXRL" compare "$KEEP/confirm_start" \
+  "$KEEP/confirm_wide_edit,$KEEP/confirm_wide_edit_s1,$KEEP/confirm_wide_edit_s2" --out "$KEEP/summary_confirm_edit.json"
 replicate wide_w0_s1 "${WIDE_W0[@]}" engine.seed=1 train.seed=1 "$@"  # the twin at the first replicate's seeds
 echo "== done: $KEEP/summary.json; stage times (s) in $KEEP/times.tsv"

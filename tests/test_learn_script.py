@@ -173,7 +173,7 @@ def test_every_stage_comes_after_what_it_reads_and_a_second_pass_skips_them_all(
     ]
     # the confirmatory table: the start and the three seeds on the next 128 test tasks, the seeds pooled
     confirms = [c for c in calls if c.startswith("eval ") and "/out/confirm_" in c]
-    assert len(confirms) == 4 and all(
+    assert len(confirms) == 7 and all(
         "eval.episodes=128" in c and "eval.split=test" in c and "eval.offset=128" in c for c in confirms
     )
     confirm = dict(ran)["compare_confirm"].split(" --out ")[0].split(" ")[-2:]
@@ -182,6 +182,16 @@ def test_every_stage_comes_after_what_it_reads_and_a_second_pass_skips_them_all(
         "confirm_wide",
         "confirm_wide_s1",
         "confirm_wide_s2",
+    ]
+    # and the reference recipe's three seeds on the same tasks, pooled against the same start
+    confirm = dict(ran)["compare_confirm_edit"]
+    assert confirm.endswith("/keep/summary_confirm_edit.json")
+    slots = confirm.split(" --out ")[0].split(" ")[-2:]
+    assert slots[0].endswith("/keep/confirm_start")
+    assert [p.rsplit("/", 1)[1] for p in slots[1].split(",")] == [
+        "confirm_wide_edit",
+        "confirm_wide_edit_s1",
+        "confirm_wide_edit_s2",
     ]
     # every policy of a final table on the first 128 test tasks; the seventh arm's seed-0 table kept apart
     finals = [c for c in calls if c.startswith("eval ") and "/out/final_" in c]
