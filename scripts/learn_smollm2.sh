@@ -376,7 +376,8 @@ stage compare_edit_pool "$CTXRL" compare "$START_EVAL" "$KEEP/${DEV_EDIT_POOL//,
 for run in wide_edit wide_edit_s1 wide_edit_s2; do
   stage "confirm_$run" evaluate_run "confirm_$run" "grpo_$run" "$STEPS" "$FINAL" "${AFTER[@]}"
 done
-stage compare_confirm_edit "$CTXRL" compare "$KEEP/confirm_start" \
-  "$KEEP/confirm_wide_edit,$KEEP/confirm_wide_edit_s1,$KEEP/confirm_wide_edit_s2" --out "$KEEP/summary_confirm_edit.json"
+CONFIRM_EDIT_POOL=confirm_wide_edit,confirm_wide_edit_s1,confirm_wide_edit_s2
+stage compare_confirm_edit "$CTXRL" compare "$KEEP/confirm_start" "$KEEP/${CONFIRM_EDIT_POOL//,/,$KEEP/}" \
+  --out "$KEEP/summary_confirm_edit.json"
 replicate wide_w0_s1 "${WIDE_W0[@]}" engine.seed=1 train.seed=1 "$@"  # the twin at the first replicate's seeds
 echo "== done: $KEEP/summary.json; stage times (s) in $KEEP/times.tsv"

@@ -160,9 +160,15 @@ class HeldOut:
     runs: int = 1
 
 
-def _origin_step(origin: Mapping[str, Any]) -> int | None:
-    step = origin.get("step")
-    return step if isinstance(step, int) else None
+def _members(origin: object) -> list[object]:
+    """An ``exported_from`` entry as a list: one record for a single evaluation, one per replicate for a pool
+    (a record is a dict naming ``run`` and ``step``; an evaluation of no training run has None)."""
+    return origin if isinstance(origin, list) else [origin]
+
+
+def _run_name(member: object) -> str | None:
+    """The folder name of the run a record names, or None when it names none."""
+    return PurePath(str(member["run"])).name if isinstance(member, dict) and member.get("run") else None
 
 
 def held_out(comparison: Mapping[str, Any], arm: str) -> HeldOut | None:
@@ -177,16 +183,17 @@ def held_out(comparison: Mapping[str, Any], arm: str) -> HeldOut | None:
         return HeldOut(float(success), None) if is_number(success) else None
     errors = comparison.get("success_se")
     for key in ("grpo", "grpo_w0"):
-        origin, success = origins.get(key), comparison.get(f"{key}_success")
-        if not is_number(success):
-            continue
-        members = origin if isinstance(origin, list) else [origin]
+        members, success = _members(origins.get(key)), comparison.get(f"{key}_success")
         first = members[0] if members else None
-        if not isinstance(first, dict) or PurePath(str(first.get("run"))).name != arm:
+        if not isinstance(first, dict) or _run_name(first) != arm or not is_number(success):
             continue
+        step = first.get("step")
         se = errors.get(key) if isinstance(errors, dict) and len(members) > 1 else None
         return HeldOut(
-            float(success), _origin_step(first), float(se) if is_number(se) else None, len(members)
+            float(success),
+            step if isinstance(step, int) else None,
+            float(se) if is_number(se) else None,
+            len(members),
         )
     return None
 
@@ -197,13 +204,8 @@ def evaluated_runs(comparison: Mapping[str, Any] | None) -> list[str]:
     origins = comparison.get("exported_from") if comparison else None
     if not isinstance(origins, dict):
         return []
-    names = []
-    for key in ("grpo", "grpo_w0"):
-        origin = origins.get(key)
-        for member in origin if isinstance(origin, list) else [origin]:
-            if isinstance(member, dict) and member.get("run"):
-                names.append(PurePath(str(member["run"])).name)
-    return names
+    names = (_run_name(m) for key in ("grpo", "grpo_w0") for m in _members(origins.get(key)))
+    return [name for name in names if name is not None]
 
 
 @_styled
