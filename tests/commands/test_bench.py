@@ -303,8 +303,8 @@ def test_bench_all_only_names_benches_and_records_the_command(
 ) -> None:
     assert main(["bench", "all", "--only", "train,nope"]) == 1
     assert (
-        "--only takes bench names from harness, env, rollout, train, smollm2, smollm2_bf16, precision, engine, fuzz"
-        in capsys.readouterr().err
+        "--only takes bench names from harness, env, rollout, train, smollm2, smollm2_bf16, smollm2_bf16_compiled, "
+        "precision, engine, fuzz" in capsys.readouterr().err
     )
     assert main(["bench", "all", "--only", "fuzz", "--fuzz-workers", "0"]) == 1
     assert "--fuzz-workers >= 1" in capsys.readouterr().err
@@ -564,6 +564,20 @@ def test_bench_smollm2_bf16_quick(tmp_path: Path) -> None:
     assert figures["sft_tokens_per_s"] > 0 and figures["sft_trl_tokens_per_s"] > 0
 
 
+def test_bench_smollm2_bf16_compiled_quick(tmp_path: Path) -> None:
+    """The compiled section: the first update pays the compilation, the timed one does not, and the SFT
+    figures after the first step are the trainers' steady rates."""
+    out = tmp_path / "smollm2_bf16_compiled.json"
+    assert main(["bench", "smollm2_bf16_compiled", "--quick", "--json", str(out)]) == 0
+    figures = _figures(out)
+    assert figures["smollm2_first_update_s"] > 5 * figures["smollm2_update_s"]
+    assert figures["smollm2_steady_step_s"] < figures["smollm2_step_s"]
+    for suffix in ("", "_episode_steps"):
+        assert figures[f"sft_first_step_s{suffix}"] > figures[f"sft_trl_first_step_s{suffix}"]
+        # compiled, the whole run is slower than TRL's and its steps after the first are not
+        assert figures[f"sft_steady_speedup{suffix}"] > figures[f"sft_speedup{suffix}"]
+
+
 def test_bench_smollm2_quick(tmp_path: Path) -> None:
     out = tmp_path / "smollm2.json"
     assert main(["bench", "smollm2", "--quick", "--json", str(out)]) == 0
@@ -581,12 +595,20 @@ def test_bench_smollm2_quick(tmp_path: Path) -> None:
         "matmul_gflops",
         "smollm2_rollout_s",
         "smollm2_step_s",
-        "sft_speedup",
-        "sft_tokens_per_s",
-        "sft_trl_tokens_per_s",
-        "sft_speedup_episode_steps",
-        "sft_tokens_per_s_episode_steps",
-        "sft_trl_tokens_per_s_episode_steps",
+        "smollm2_first_update_s",
+        "smollm2_steady_step_s",
+        *(
+            f"{name}{suffix}"
+            for suffix in ("", "_episode_steps")
+            for name in (
+                "sft_speedup",
+                "sft_tokens_per_s",
+                "sft_trl_tokens_per_s",
+                "sft_steady_speedup",
+                "sft_first_step_s",
+                "sft_trl_first_step_s",
+            )
+        ),
     }
     # every row of the group starts with the pinned prefix: the update computes it once
     assert figures["smollm2_layout_shared"] == 1.0

@@ -4,7 +4,7 @@ a table and writes it with ``--json``. ``--quick`` is a smoke run (fewer repeats
     ctxrl bench harness [--quick] [--json FILE]
     ctxrl bench env [--quick] [--json FILE]
     ctxrl bench rollout [--quick] [--json FILE]
-    ctxrl bench train|smollm2|smollm2_bf16|precision|engine|fuzz [--quick] [--json FILE]
+    ctxrl bench train|smollm2|smollm2_bf16|smollm2_bf16_compiled|precision|engine|fuzz [--quick] [--json FILE]
     ctxrl bench all [--quick] [--only NAMES] [--fuzz-seconds N] [--fuzz-workers N] [--json FILE]
                     [--markdown FILE] [--readme README.md]
     ctxrl bench all --from FILE [FILE ...] --readme README.md   # regenerate the README's table from JSON
@@ -96,7 +96,12 @@ from typing import Any
 
 from ctxrl.commands.bench_engine import bench_engine
 from ctxrl.commands.bench_precision import bench_precision
-from ctxrl.commands.bench_train import bench_smollm2, bench_smollm2_bf16, bench_train
+from ctxrl.commands.bench_train import (
+    bench_smollm2,
+    bench_smollm2_bf16,
+    bench_smollm2_bf16_compiled,
+    bench_train,
+)
 from ctxrl.env.config import HarnessConfig
 from ctxrl.env.context import ChatTemplateCounter, ToolCall, Turn
 from ctxrl.env.ctxfile import parse_context, render_context
@@ -441,6 +446,7 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], dict[str, float]]] = {
     "train": bench_train,
     "smollm2": bench_smollm2,
     "smollm2_bf16": bench_smollm2_bf16,
+    "smollm2_bf16_compiled": bench_smollm2_bf16_compiled,
     "precision": bench_precision,
     "engine": bench_engine,
     "fuzz": bench_fuzz,

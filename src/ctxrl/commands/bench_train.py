@@ -62,6 +62,12 @@ legacy update and both SFT trainers under bfloat16 autocast with float32 weights
 efficiencies are against the same fp32 matmul rate as the fp32 bench's (the issue's yardstick), and
 ``*_vs_bf16`` against the bfloat16 rate measured in the same run (how far the work is from its own bound).
 
+**smollm2_bf16_compiled**: ``smollm2_bf16`` with the ctxrl trainer's decoder layers compiled
+(:data:`SMOL_BF16_COMPILED`, ``train.compile`` / ``sft.compile``). Its timed update runs after the first one
+(which compiles: ``smollm2_first_update_s``); the legacy update runs eager and TRL as in ``smollm2_bf16``.
+``sft_steady_speedup`` compares the two SFT trainers after each one's first step (``sft_first_step_s`` holds
+the compilation); every section reports it.
+
 ``--quick`` is a smoke run of the same code on small sizes (``train``: 4-step episodes, short prompts, two
 repeats; ``smollm2``: the tiny model with the scripted file manager as its engine); its ratios say the path
 works, not what it saves.
@@ -615,6 +621,9 @@ class StepSizes:
     precision: Literal["fp32", "bf16"] = "fp32"
     """``bf16``: the engine's weights in bfloat16 (``engine.dtype``), the update and both SFT trainers under
     bfloat16 autocast with float32 weights (``train.mixed_precision`` / ``sft.mixed_precision``)."""
+    compile: bool = False
+    """The trainer's decoder layers compiled (``train.compile`` / ``sft.compile``, the ctxrl side only: the
+    legacy update runs eager, TRL as configs/sft_smollm2.yaml sets it up)."""
 
 
 SMOL = StepSizes("smollm2-135m-instruct", "vllm", 8, "short", 256, 4096, 1536, 1)
@@ -625,6 +634,8 @@ SMOL_QUICK = StepSizes("tiny", "scripted", 2, "short", 64, 4096, 256, 1, max_ste
 """Smoke run of the same code: the tiny model, the scripted file manager as the engine."""
 SMOL_BF16 = replace(SMOL, precision="bf16")
 SMOL_BF16_QUICK = replace(SMOL_QUICK, precision="bf16")
+SMOL_BF16_COMPILED = replace(SMOL_BF16, compile=True)
+SMOL_BF16_COMPILED_QUICK = replace(SMOL_BF16_QUICK, compile=True)
 
 
 def matmul_flops_per_s(
@@ -724,6 +735,7 @@ def _smollm2_step(sizes: StepSizes, tmp: Path) -> dict[str, float]:
     from ctxrl.env.tasks.registry import make_task
     from ctxrl.env.tokenizer import load_tokenizer_dir
     from ctxrl.rewards.advantages import AdvantageConfig
+    from ctxrl.train.compile import compile_layers
     from ctxrl.train.config import LoraSettings, TrainConfig
     from ctxrl.train.credit import CreditConfig, assign_credit
     from ctxrl.train.engines import EngineConfig, SamplingConfig, make_engine
@@ -750,8 +762,11 @@ def _smollm2_step(sizes: StepSizes, tmp: Path) -> dict[str, float]:
         lora=LoraSettings(enabled=True, dropout=0.0),
         max_tokens_per_microbatch=sizes.max_tokens,
         mixed_precision="bf16" if bf16 else "no",
+        compile=sizes.compile,
     )
     model = load_policy(model_dir, config).train()
+    if config.compile:
+        compile_layers(model)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
     loss_config, pad_id = config.loss, int(tokenizer.pad_token_id or 0)
     task = make_task("retention", 0, sizes.difficulty, split="train")
@@ -780,7 +795,8 @@ def _smollm2_step(sizes: StepSizes, tmp: Path) -> dict[str, float]:
             trainer_update(model, optimizer, rows, config, pad_id)
 
         def legacy() -> None:
-            with precision_context(config.mixed_precision, "cpu"):
+            # the update being replaced runs as it did: eager, whatever the section compiles
+            with precision_context(config.mixed_precision, "cpu"), torch.compiler.set_stance("force_eager"):
                 legacy_packed_backward(model, rows, loss_config, sizes.max_tokens)
             _optimizer_step(model, optimizer)
 
@@ -815,6 +831,9 @@ def _smollm2_step(sizes: StepSizes, tmp: Path) -> dict[str, float]:
         "matmul_gflops": matmul / 1e9,
         "smollm2_rollout_s": rollout_s,
         "smollm2_step_s": rollout_s + update_s + sync_s,
+        # the first update pays the warm-up (and with compile the compilation); the timed one does not
+        "smollm2_first_update_s": update_s,
+        "smollm2_steady_step_s": rollout_s + new_s + sync_s,
     }
     if matmul_bf16 is not None:
         figures["matmul_bf16_gflops"] = matmul_bf16 / 1e9
@@ -887,7 +906,7 @@ def _sft_speedup(sizes: StepSizes, tmp: Path, *, steps: int) -> dict[str, float]
     figures: dict[str, float] = {}
     for suffix, setup in SFT_SETUPS.items():
         examples, _ = sft_examples(demos[: setup.tasks], max_seq_len=setup.max_seq_len, successful_only=False)
-        rates = {}
+        results = {}
         for trainer in ("ctxrl", "trl"):
             config = SFTConfig(
                 trainer=trainer,
@@ -898,12 +917,18 @@ def _sft_speedup(sizes: StepSizes, tmp: Path, *, steps: int) -> dict[str, float]
                 steps_by=setup.steps_by if trainer == "ctxrl" else "example",
                 lora=LoraSettings(enabled=True, r=16, alpha=32, dropout=0.0),
                 mixed_precision="bf16" if sizes.precision == "bf16" else "no",
+                compile=sizes.compile and trainer == "ctxrl",
             )
             out = tmp / f"sft{suffix}-{trainer}"
-            rates[trainer] = train_sft(config, model_dir, examples, out, progress=False).tokens_per_s
-        figures[f"sft_speedup{suffix}"] = rates["ctxrl"] / rates["trl"]
-        figures[f"sft_tokens_per_s{suffix}"] = rates["ctxrl"]
-        figures[f"sft_trl_tokens_per_s{suffix}"] = rates["trl"]
+            results[trainer] = train_sft(config, model_dir, examples, out, progress=False)
+        ours, trl = results["ctxrl"], results["trl"]
+        figures[f"sft_speedup{suffix}"] = ours.tokens_per_s / trl.tokens_per_s
+        figures[f"sft_tokens_per_s{suffix}"] = ours.tokens_per_s
+        figures[f"sft_trl_tokens_per_s{suffix}"] = trl.tokens_per_s
+        # after each trainer's first step: the rate a long run settles at (compilation is in the first step)
+        figures[f"sft_steady_speedup{suffix}"] = ours.steady_tokens_per_s / trl.steady_tokens_per_s
+        figures[f"sft_first_step_s{suffix}"] = ours.first_step_s
+        figures[f"sft_trl_first_step_s{suffix}"] = trl.first_step_s
     return figures
 
 
@@ -951,3 +976,10 @@ def bench_smollm2_bf16(args: argparse.Namespace) -> dict[str, float]:
     bfloat16 matmuls several times faster; ``ctxrl bench precision`` measures it)."""
     quick = bool(getattr(args, "quick", False))
     return _smollm2(SMOL_BF16_QUICK if quick else SMOL_BF16, quick)
+
+
+def bench_smollm2_bf16_compiled(args: argparse.Namespace) -> dict[str, float]:
+    """``ctxrl bench smollm2_bf16_compiled``: ``smollm2_bf16`` with the trainer's decoder layers compiled
+    (``train.compile`` / ``sft.compile``); the legacy update and TRL stay as they are set up today."""
+    quick = bool(getattr(args, "quick", False))
+    return _smollm2(SMOL_BF16_COMPILED_QUICK if quick else SMOL_BF16_COMPILED, quick)

@@ -55,6 +55,7 @@ from ctxrl.env.tasks.registry import BuiltinTaskSource
 from ctxrl.errors import ConfigError, UsageError
 from ctxrl.rewards.advantages import AdvantageConfig
 from ctxrl.train.checkpoint import load_checkpoint, save_checkpoint, seed_everything, trainable_sha256
+from ctxrl.train.compile import compile_layers
 from ctxrl.train.config import TrainConfig
 from ctxrl.train.credit import assign_credit
 from ctxrl.train.distributed import configure_deepspeed, make_accelerator
@@ -159,6 +160,8 @@ def train(
     reference = None
     if config.loss.kl_coef > 0 and not config.lora.enabled:
         reference = copy.deepcopy(model).eval().requires_grad_(False).to(acc.device)
+    if config.compile:
+        compile_layers(model)  # after the reference's copy: the reference stays eager
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=config.lr, weight_decay=config.weight_decay
     )

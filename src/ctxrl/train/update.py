@@ -40,6 +40,7 @@ import torch
 from ctxrl.errors import ConfigError
 from ctxrl.rewards.cost import ModelGeometry
 from ctxrl.train.attention import prefix_attention
+from ctxrl.train.compile import eager_cache_class
 from ctxrl.train.config import TrainConfig
 from ctxrl.train.logprobs import packing_supported, token_logprobs
 from ctxrl.train.loss import LossConfig, LossStats, policy_loss, token_mean_scale
@@ -152,9 +153,7 @@ class PrefixState:
 
     def cache(self, batch: int) -> Any:
         """A transformers cache holding the prefix once per line of a ``batch``-line microbatch (views)."""
-        from transformers import DynamicCache
-
-        cache = DynamicCache(config=self.config)
+        cache = eager_cache_class()(config=self.config)
         for i, (k, v) in enumerate(self.leaves):
             cache.update(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1), i)
         return cache
@@ -202,14 +201,15 @@ def prefix_forward(
     ids = torch.from_numpy(prefix_ids).to(device)
 
     def run() -> list[tuple[torch.Tensor, torch.Tensor]]:
-        kwargs: dict[str, Any] = {} if parent is None else {"past_key_values": parent.cache(1)}
+        # the root's cache is one of ours too: its update stays out of compiled graphs (ctxrl.train.compile)
+        cache = eager_cache_class()(config=model.config) if parent is None else parent.cache(1)
         with prefix_attention(model, enabled=two_part and parent is not None):
             out = model(
                 input_ids=ids,
                 position_ids=torch.arange(offset, offset + ids.shape[1], device=device)[None],
                 use_cache=True,
                 logits_to_keep=torch.zeros(0, dtype=torch.long, device=device),
-                **kwargs,
+                past_key_values=cache,
             )
         return _cache_pairs(out.past_key_values)
 
