@@ -1,6 +1,6 @@
 """Where one SFT step of SmolLM2 spends its time, in float32 and under bfloat16 autocast.
 
-    python scripts/probe_sft_step.py [LENGTH] [LOSS_TOKENS] [--profile] [--casts]
+    python scripts/probe_sft_step.py [LENGTH] [LOSS_TOKENS] [--profile] [--casts] [--compile]
     python scripts/probe_sft_step.py 2048 600 --profile
 
 One LoRA (r = 16) supervised step of SmolLM2-135M-Instruct on a single row of LENGTH random token ids, the
@@ -10,8 +10,10 @@ sequence a step. Each precision (``train.mixed_precision`` ``no`` and ``bf16``) 
 two timed ones; it prints seconds a step and tokens a second, and with ``--profile`` torch's profiler table
 of one more step (top operators by self CPU time); with ``--casts`` it counts the dtype casts
 (``aten::_to_copy``) of one more step and their time, split into weight-shaped ones (a 2-D input of more than
-one row: autocast rounding a weight to bf16) and the others (activations, id rows). Used for the "Sixth run" section of
-docs/train_throughput.md.
+one row: autocast rounding a weight to bf16) and the others (activations, id rows). With ``--compile`` the decoder layers are
+compiled first (``sft.compile``, :func:`ctxrl.train.compile.compile_layers`) and the untimed step's seconds,
+which hold the compilation, are printed too. Used for the "Sixth run" and "Compiled decoder layers" sections
+of docs/train_throughput.md.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from functools import partial
 
 import torch
 
+from ctxrl.train.compile import compile_layers
 from ctxrl.train.config import LoraSettings, TrainConfig
 from ctxrl.train.models import get_model
 from ctxrl.train.policy import load_policy
@@ -50,7 +53,8 @@ def count_casts(step: Callable[[], object]) -> dict[str, tuple[int, float]]:
 def main(argv: list[str]) -> None:
     profile = "--profile" in argv
     casts = "--casts" in argv
-    args = [a for a in argv if a not in ("--profile", "--casts")]
+    compiled = "--compile" in argv
+    args = [a for a in argv if a not in ("--profile", "--casts", "--compile")]
     length = int(args[0]) if args else 2048
     n_loss = int(args[1]) if len(args) > 1 else 600
     model_dir = get_model("smollm2-135m-instruct")
@@ -62,14 +66,20 @@ def main(argv: list[str]) -> None:
     )
     for mixed in ("no", "bf16"):
         model = load_policy(model_dir, TrainConfig(lora=LoraSettings(enabled=True, dropout=0.0))).train()
+        if compiled:
+            compile_layers(model)
         units = make_layout([row], "auto", 4096, 0, layout_sizes(model), packs=True)
         with precision_context(mixed, "cpu"):
-            nll_backward(model, units, num_loss_tokens=n_loss)  # warm-up
+            start = time.perf_counter()
+            nll_backward(model, units, num_loss_tokens=n_loss)  # warm-up (and the compilation)
+            if compiled:
+                print(f"mixed_precision={mixed} compiled: first step {time.perf_counter() - start:.1f} s")
             start = time.perf_counter()
             for _ in range(2):
                 nll_backward(model, units, num_loss_tokens=n_loss)
             step = (time.perf_counter() - start) / 2
-            print(f"mixed_precision={mixed}: {step:.2f} s a step, {length / step:.1f} tokens/s", flush=True)
+            label = f"mixed_precision={mixed}" + (" compiled" if compiled else "")
+            print(f"{label}: {step:.2f} s a step, {length / step:.1f} tokens/s", flush=True)
             if profile:
                 from torch.profiler import ProfilerActivity
                 from torch.profiler import profile as run_profiler

@@ -155,6 +155,8 @@ def test_short_run_lowers_the_loss_and_saves_a_loadable_model(
     )
     result = train_sft(cfg, tiny_model_dir, examples, tmp_path, progress=False)
     assert result.steps == 6 and result.trainer == trainer
+    # the first step and the rate after it, from each trainer's own clock (TRL's through a callback)
+    assert 0 < result.first_step_s < result.wall_s and result.steady_tokens_per_s > 0
     # TRL packs (the tiny Qwen3 honours position-id packing); ctxrl prices the layouts and pads these 6-token rows
     # of alike length, which share no prefix (a packed line would compute attention across its rows)
     assert result.packed if trainer == "trl" else result.layout == "padded"
@@ -168,6 +170,36 @@ def test_short_run_lowers_the_loss_and_saves_a_loadable_model(
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     assert demonstration_loss(base, measured) == pytest.approx(result.loss_before, abs=1e-4)
     assert torch.isfinite(torch.tensor(result.loss_after))
+
+
+def test_steady_rate_leaves_out_the_first_step() -> None:
+    from ctxrl.train.sft import _steady_rate
+
+    # 10 s for the first 100 tokens (a compilation, say), then 300 tokens in 3 s
+    assert _steady_rate((10.0, 100), 13.0, 400) == pytest.approx(100.0)
+    assert _steady_rate((13.0, 400), 13.0, 400) == pytest.approx(400 / 13)  # one step: the run's own rate
+    assert _steady_rate(None, 0.0, 0) == 0.0
+
+
+def test_compiled_sft_trains_as_eager_does(
+    records: SimpleNamespace, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """sft.compile reaches the model (its decoder layers run compiled) and changes no result; TRL's trainer
+    is refused it by name."""
+    from ctxrl.train.compile import is_compiled
+
+    examples, _ = sft_examples(_copy_task(records, 16), max_seq_len=64)
+    runs = {}
+    for compiled in (False, True):
+        cfg = SFTConfig(
+            lr=3e-3, max_steps=3, max_seq_len=64, batch_tokens=256, trainer="ctxrl", compile=compiled
+        )
+        runs[compiled] = train_sft(cfg, tiny_model_dir, examples, tmp_path / str(compiled), progress=False)
+    assert is_compiled(runs[True].trained) and not is_compiled(runs[False].trained)
+    assert runs[True].loss_after == pytest.approx(runs[False].loss_after, abs=1e-5)
+    assert runs[True].loss_after < runs[True].loss_before
+    with pytest.raises(ConfigError, match=r"sft\.compile compiles the ctxrl trainer"):
+        SFTConfig(trainer="trl", compile=True)
 
 
 def test_gradient_checkpointing_reaches_trl_off_by_default_and_changes_no_result(

@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 import torch
 
+from ctxrl.errors import ConfigError
+from ctxrl.train.compile import compile_layers, decoder_layers, is_compiled
 from ctxrl.train.logprobs import token_logprobs
 from ctxrl.train.loss import LossConfig, policy_loss
 from ctxrl.train.rows import LayoutUnit, Row, build_layout, layout_kind, pack_rows
@@ -392,7 +394,6 @@ def test_mixed_precision_runs_the_update_in_bf16_and_keeps_float32_weights_and_g
 
 
 def test_mixed_precision_needs_float32_weights() -> None:
-    from ctxrl.errors import ConfigError
     from ctxrl.train.config import TrainConfig
     from ctxrl.train.update import precision_context
 
@@ -402,3 +403,85 @@ def test_mixed_precision_needs_float32_weights() -> None:
         TrainConfig(mixed_precision="fp16")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="mixed_precision"):
         precision_context("fp16", "cpu")
+
+
+# ---- regional compilation (train.compile / sft.compile) ----------------------------------------------------
+
+
+def _fresh_model(tiny_model_dir: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).train()
+
+
+def _reset_dynamo() -> None:
+    """Forget every compiled graph and the count of them (``reset`` keeps the counters)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+
+
+def _graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+@pytest.mark.filterwarnings("ignore")  # dynamo's notes on recompilation
+def test_compiled_layers_give_eagers_loss_and_gradients_in_every_layout(tiny_model_dir: Path) -> None:
+    _reset_dynamo()
+    eager, compiled = _fresh_model(tiny_model_dir), _fresh_model(tiny_model_dir)
+    assert compile_layers(compiled) == compiled.config.num_hidden_layers
+    assert is_compiled(compiled) and not is_compiled(eager)
+    vocab = eager.config.vocab_size
+    cases = [(group_rows(vocab), "packed", 4096), (group_rows(vocab), "shared", 64)]
+    cases.append((trie_rows(vocab), "shared", 4096))  # nested prefixes: a cache continued by a cache
+    for rows, kind, max_tokens in cases:
+        ours, theirs = (
+            layout_backward(compiled, rows, kind, max_tokens),
+            layout_backward(eager, rows, kind, max_tokens),
+        )
+        assert abs(ours[0] - theirs[0]) <= 1e-5
+        assert set(ours[1]) == set(theirs[1])
+        for name, g in ours[1].items():
+            assert float((g - theirs[1][name]).abs().max()) <= 1e-5, name
+    assert _graphs() > 0  # the compiled model ran graphs, not eager fallbacks
+    # parameter names are untouched: checkpoints and the engine's weight sync see the same state dict
+    assert list(compiled.state_dict()) == list(eager.state_dict())
+
+
+def _layers_model(layers: int) -> Any:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=256,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+    )
+    return Qwen3ForCausalLM(config).train()
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_every_layer_shares_its_graphs_with_the_others() -> None:
+    """Six layers compile no more graphs than two, in the shared layout too: the prefix cache's update is
+    keyed by the layer's index, and without :func:`eager_cache_class` and an unspecialised index each layer
+    would compile graphs of its own."""
+    counts = []
+    for layers in (2, 6):
+        _reset_dynamo()
+        model = _layers_model(layers)
+        compile_layers(model)
+        layout_backward(model, trie_rows(256), "shared", 4096)
+        counts.append(_graphs())
+    assert counts[0] > 0 and counts[1] == counts[0]
+
+
+def test_a_model_without_decoder_layers_is_refused() -> None:
+    with pytest.raises(ConfigError, match="found no decoder layers in Linear"):
+        decoder_layers(torch.nn.Linear(2, 2))
