@@ -315,7 +315,11 @@ def test_ctxrl_sft_end_to_end_records_then_trains(tmp_path: Path, capsys: pytest
     assert AutoModelForCausalLM.from_pretrained(out / "model").config.vocab_size > 0
     assert len((out / "metrics.jsonl").read_text().splitlines()) >= 1
     assert not (out / "trainer").exists()
-    assert "demo loss" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "demo loss" in printed
+    # the summary's rate after the first step, as summary.json has it
+    assert 0 < summary["first_step_s"] < summary["wall_s"]
+    assert f"then {summary['steady_tokens_per_s']:.0f} tokens/s" in printed
 
     # the recorded file trains again through --demos, into another folder
     again = tmp_path / "again"

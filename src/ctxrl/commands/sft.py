@@ -157,7 +157,10 @@ def _print_summary(s: dict[str, Any]) -> None:
     print(
         f"  steps             {s['steps']}  ({s['trained_tokens']} tokens, {s['tokens_per_s']:.0f} tokens/s)"
     )
-    print(f"  wall              {s['wall_s']:.1f} s of training")
+    print(
+        f"  wall              {s['wall_s']:.1f} s of training  (first step {s['first_step_s']:.1f} s, then "
+        f"{s['steady_tokens_per_s']:.0f} tokens/s)"
+    )
     print(f"  demo loss         {s['loss_before']:.4f} -> {s['loss_after']:.4f}  (token mean on loss tokens)")
     if s["heldout_loss_before"] is not None:
         print(
