@@ -10,10 +10,10 @@ sequence a step. Each precision (``train.mixed_precision`` ``no`` and ``bf16``) 
 two timed ones; it prints seconds a step and tokens a second, and with ``--profile`` torch's profiler table
 of one more step (top operators by self CPU time); with ``--casts`` it counts the dtype casts
 (``aten::_to_copy``) of one more step and their time, split into weight-shaped ones (a 2-D input of more than
-one row: autocast rounding a weight to bf16) and the others (activations, id rows). With ``--compile`` the decoder layers are
-compiled first (``sft.compile``, :func:`ctxrl.train.compile.compile_layers`) and the untimed step's seconds,
-which hold the compilation, are printed too. Used for the "Sixth run" and "Compiled decoder layers" sections
-of docs/train_throughput.md.
+one row: autocast rounding a weight to bf16) and the others (activations, id rows). With ``--compile`` the
+decoder layers are compiled first (``sft.compile``, :func:`ctxrl.train.compile.compile_layers`) and the
+untimed step's seconds, which hold the compilation, are printed too. Used for the "Sixth run" and "Seventh
+run" sections of docs/train_throughput.md.
 """
 
 from __future__ import annotations

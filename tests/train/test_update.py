@@ -97,6 +97,11 @@ def assert_same(ours: tuple[float, dict[str, Any]], theirs: tuple[float, dict[st
 
 @pytest.fixture(scope="module")
 def model(tiny_model_dir: Path) -> Any:
+    return fresh_model(tiny_model_dir)
+
+
+def fresh_model(tiny_model_dir: Path) -> Any:
+    """The tiny model in float32, in training mode, loaded anew."""
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).train()
@@ -289,7 +294,7 @@ def test_two_part_attention_replaces_the_mask_and_keeps_the_gradients(
 
     from ctxrl.train import attention
 
-    policy: Any = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).train()
+    policy: Any = fresh_model(tiny_model_dir)
     if lora:
         from peft import LoraConfig, get_peft_model
 
@@ -408,12 +413,6 @@ def test_mixed_precision_needs_float32_weights() -> None:
 # ---- regional compilation (train.compile / sft.compile) ----------------------------------------------------
 
 
-def _fresh_model(tiny_model_dir: Path) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).train()
-
-
 def _reset_dynamo() -> None:
     """Forget every compiled graph and the count of them (``reset`` keeps the counters)."""
     from torch._dynamo.utils import counters
@@ -431,7 +430,7 @@ def _graphs() -> int:
 @pytest.mark.filterwarnings("ignore")  # dynamo's notes on recompilation
 def test_compiled_layers_give_eagers_loss_and_gradients_in_every_layout(tiny_model_dir: Path) -> None:
     _reset_dynamo()
-    eager, compiled = _fresh_model(tiny_model_dir), _fresh_model(tiny_model_dir)
+    eager, compiled = fresh_model(tiny_model_dir), fresh_model(tiny_model_dir)
     assert compile_layers(compiled) == compiled.config.num_hidden_layers
     assert is_compiled(compiled) and not is_compiled(eager)
     vocab = eager.config.vocab_size

@@ -5,12 +5,14 @@
 
 A decoder layer is most of a model's work, and every layer runs the same code, so one compiled graph serves
 them all (transformers' and torch's "regional compilation"): the first forward of each kind (with or without
-gradients, with or without a prefix cache) compiles once, about 30 s for SmolLM2 on 2 cores, and every later
-call runs Inductor's fused kernels. What that buys is the elementwise work between the matmuls — the casts
-bfloat16 autocast puts around every projection, RMSNorm, the rotary embedding, the LoRA scaling and the
-residual adds — which eager runs as hundreds of small ops a layer. On a 2-core Xeon with AMX it made a LoRA SFT
-step of SmolLM2 on one 2,048-token row 1.3× faster under bf16 autocast and an update in the shared-prefix
-layout 1.3× faster (docs/train_throughput.md); in float32, where the matmuls dominate, it gains little.
+gradients, with or without a prefix cache) compiles once (22–33 s for a SmolLM2 SFT step on 2 cores, about
+2 minutes for a GRPO update), and every later call runs Inductor's fused kernels. What that buys is the
+elementwise work between the matmuls — the casts bfloat16 autocast puts around every projection, RMSNorm, the
+rotary embedding, the LoRA scaling and the residual adds — which eager runs as hundreds of small ops a layer.
+On a 2-core Xeon with AMX a LoRA SFT step of SmolLM2 on one 2,048-token row took 3.58 s against 4.37 s under
+bf16 autocast and 7.38 s against 7.50 s in float32 (``scripts/probe_sft_step.py 2048 600 [--compile]``); a
+GRPO update of the bench's group gained 1.07×, inside the machine's noise (``ctxrl bench
+smollm2_bf16_compiled`` against ``smollm2_bf16``; docs/train_throughput.md, "Seventh run").
 
 Two settings keep one graph for all layers instead of one per layer: a layer's index is not a constant of its
 graph (``allow_unspec_int_on_nn_module``), and the prefix cache's ``update`` — Python bookkeeping keyed by the
