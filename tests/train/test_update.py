@@ -290,7 +290,6 @@ def test_two_part_attention_replaces_the_mask_and_keeps_the_gradients(
 ) -> None:
     """train.two_part_attention: every forward after a prefix (the suffix batches and the nested prefixes)
     attends in two parts, and the loss and gradients are those of the masked path and of one packed line."""
-    from transformers import AutoModelForCausalLM
 
     from ctxrl.train import attention
 
