@@ -304,7 +304,7 @@ def test_bench_all_only_names_benches_and_records_the_command(
     assert main(["bench", "all", "--only", "train,nope"]) == 1
     assert (
         "--only takes bench names from harness, env, rollout, train, smollm2, smollm2_bf16, smollm2_bf16_compiled, "
-        "precision, engine, fuzz" in capsys.readouterr().err
+        "precision, engine, inflight, fuzz" in capsys.readouterr().err
     )
     assert main(["bench", "all", "--only", "fuzz", "--fuzz-workers", "0"]) == 1
     assert "--fuzz-workers >= 1" in capsys.readouterr().err
@@ -545,6 +545,42 @@ def test_bench_engine_quick(tmp_path: Path) -> None:
     work = {n: figures[f"engine_{n}_flops_efficiency"] * figures[f"engine_{n}_s"] for n in QUICK_SETTINGS}
     assert max(work.values()) == pytest.approx(min(work.values()), rel=1e-6)
     assert all(v > 0 for v in work.values())
+
+
+def test_bench_inflight_quick(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One rollout per number in flight, on tasks of its own; each figure from that rollout's own counts."""
+    from ctxrl.env.tasks import registry
+
+    made: list[int] = []
+    real_make_task = registry.make_task
+
+    def make_task(family: str, seed: int, *args: Any, **kwargs: Any) -> Any:
+        made.append(seed)
+        return real_make_task(family, seed, *args, **kwargs)
+
+    monkeypatch.setattr(registry, "make_task", make_task)
+    out = tmp_path / "inflight.json"
+    assert main(["bench", "inflight", "--quick", "--json", str(out)]) == 0
+    assert made == [0, 1, 2]  # 1 group, then 2 more: no rollout reuses another's cached prompts
+    figures = _figures(out)
+    per_count = ("rollout_flops_efficiency", "rollout_s", "decode_passes", "ms_per_pass", "generated_tokens")
+    assert set(figures) == {f"inflight_{n}_{k}" for n in (2, 4) for k in per_count} | {
+        "matmul_gflops",
+        "inflight_gain",
+    }
+    printed = capsys.readouterr().out
+    for n in (2, 4):
+        passes, seconds = figures[f"inflight_{n}_decode_passes"], figures[f"inflight_{n}_rollout_s"]
+        # 2 steps of at most 16 tokens: at most 32 passes, whatever the number in flight
+        assert 0 < passes <= 32 and figures[f"inflight_{n}_generated_tokens"] <= n * 32
+        assert figures[f"inflight_{n}_ms_per_pass"] == pytest.approx(1000 * seconds / passes)
+        assert figures[f"inflight_{n}_rollout_flops_efficiency"] > 0
+        assert f"inflight bench: {n} episodes in {seconds:.1f} s, {passes:.0f} decode passes" in printed
+    assert figures["inflight_gain"] == pytest.approx(
+        figures["inflight_4_rollout_flops_efficiency"] / figures["inflight_2_rollout_flops_efficiency"]
+    )
 
 
 def test_bench_smollm2_bf16_quick(tmp_path: Path) -> None:

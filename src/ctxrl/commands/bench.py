@@ -4,7 +4,7 @@ a table and writes it with ``--json``. ``--quick`` is a smoke run (fewer repeats
     ctxrl bench harness [--quick] [--json FILE]
     ctxrl bench env [--quick] [--json FILE]
     ctxrl bench rollout [--quick] [--json FILE]
-    ctxrl bench train|smollm2|smollm2_bf16|smollm2_bf16_compiled|precision|engine|fuzz [--quick] [--json FILE]
+    ctxrl bench train|smollm2|smollm2_bf16|smollm2_bf16_compiled|precision|engine|inflight|fuzz [--quick] [--json FILE]
     ctxrl bench all [--quick] [--only NAMES] [--fuzz-seconds N] [--fuzz-workers N] [--json FILE]
                     [--markdown FILE] [--readme README.md]
     ctxrl bench all --from FILE [FILE ...] --readme README.md   # regenerate the README's table from JSON
@@ -95,6 +95,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxrl.commands.bench_engine import bench_engine
+from ctxrl.commands.bench_inflight import bench_inflight
 from ctxrl.commands.bench_precision import bench_precision
 from ctxrl.commands.bench_train import (
     bench_smollm2,
@@ -449,6 +450,7 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], dict[str, float]]] = {
     "smollm2_bf16_compiled": bench_smollm2_bf16_compiled,
     "precision": bench_precision,
     "engine": bench_engine,
+    "inflight": bench_inflight,
     "fuzz": bench_fuzz,
 }
 
