@@ -408,6 +408,71 @@ def test_vllm_engine_weight_update_matches_transformers(
         assert new.logprobs == pytest.approx(old.logprobs, abs=1e-4)
 
 
+COMPILED_CHILD = """
+import json, sys
+from transformers import AutoModelForCausalLM
+from ctxrl.train.engines import EngineConfig, SamplingConfig, make_engine
+
+model_dir, noisy_dir, prompts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+greedy = SamplingConfig(temperature=0.0, max_new_tokens=16, ignore_eos=True)
+engine = make_engine(EngineConfig(name="vllm", compile=True, max_model_len=1024), model_dir)
+assert not engine.llm.llm_engine.vllm_config.model_config.enforce_eager
+before = engine.generate(prompts, greedy)
+engine.update_weights(AutoModelForCausalLM.from_pretrained(noisy_dir))
+after = engine.generate(prompts, greedy)
+engine.close()
+print(json.dumps([[(g.token_ids, g.logprobs) for g in gens] for gens in (before, after)]))
+"""
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_compiled_vllm_engine_generates_as_transformers_and_takes_new_weights(
+    tiny_model_dir: Path, tiny_tokenizer: Any, hf_model: Any, tmp_path: Path
+) -> None:
+    """``engine.compile``: vLLM runs its model under torch.compile (in a process of its own, beside the suite's
+    eager engine); greedy decoding still matches the transformers forward pass, and an in-place weight sync
+    reaches the compiled model (a graph that kept the old weights as constants would fail the second half)."""
+    import os
+    import subprocess
+    import sys
+
+    from transformers import AutoModelForCausalLM
+
+    prompts = prompts_of(tiny_tokenizer)[:2]
+    noisy = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    noisy.load_state_dict(perturbed_state_dict(hf_model.state_dict(), seed=1))
+    noisy.save_pretrained(tmp_path / "noisy")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            COMPILED_CHILD,
+            str(tiny_model_dir),
+            str(tmp_path / "noisy"),
+            json.dumps(prompts),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=560,
+        env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    before, after = json.loads(done.stdout.strip().splitlines()[-1])
+    for model, gens in ((hf_model, before), (noisy, after)):
+        for prompt, (ids, logprobs) in zip(prompts, gens):
+            assert_matches_forward(model, prompt, Generation(ids, logprobs, "length"), greedy=True)
+    assert [ids for ids, _ in before] != [ids for ids, _ in after]
+
+
+def test_engine_compile_is_refused_by_engines_that_do_not_compile(tiny_model_dir: Path) -> None:
+    for name in ("hf", "scripted", "vllm-server"):
+        with pytest.raises(ConfigError, match=f"engine.compile: the {name} engine does not compile"):
+            make_engine(EngineConfig(name=name, compile=True), tiny_model_dir)
+
+
 def test_weights_reach_a_bfloat16_engine_in_its_dtype_rounded_as_its_loader_would() -> None:
     import torch
 

@@ -4,9 +4,10 @@
 FLOPs: each pass reads all the weights and every sequence's KV cache to produce one token per sequence
 (docs/train_throughput.md). More sequences a pass share the weight reads. This bench measures how far that
 goes on this machine: it rolls out 1, 2 and 4 groups of 8 SmolLM2-135M-Instruct episodes (one ``short``
-retention task a group, file mode, 256 new tokens an action: the smollm2 bench's group, its engine in
-bfloat16 as in ``ctxrl bench smollm2_bf16``) on one in-process vLLM engine, one rollout after another, each
-on tasks of its own, so no rollout starts from another's cached prompts. For each number ``N`` of episodes:
+retention task a group, file mode, 256 new tokens an action, sampled as the GRPO configs sample: the
+smollm2 bench's group, its engine in bfloat16 and compiled as in ``ctxrl bench smollm2_bf16_compiled``) on one
+in-process vLLM engine, one rollout after another, each on tasks of its own, so no rollout starts from
+another's cached prompts. For each number ``N`` of episodes:
 
 - ``inflight_<N>_rollout_flops_efficiency``: the rollout's model FLOPs (every call's uncached prompt tokens
   and generated tokens, :func:`~ctxrl.commands.bench_train.rollout_flops`) ÷ its wall time ÷ this machine's
@@ -26,7 +27,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -38,6 +39,7 @@ class InflightSizes:
     model: str
     engine: Literal["vllm", "hf"]
     dtype: Literal["bfloat16"] | None
+    compile: bool
     group_size: int
     groups: tuple[int, ...]
     max_new_tokens: int
@@ -45,9 +47,9 @@ class InflightSizes:
     matmul_n: int
 
 
-FULL = InflightSizes("smollm2-135m-instruct", "vllm", "bfloat16", 8, (1, 2, 4), 256, None, 1536)
+FULL = InflightSizes("smollm2-135m-instruct", "vllm", "bfloat16", True, 8, (1, 2, 4), 256, None, 1536)
 """8, 16 and 32 episodes in flight: the smollm2 bench's group, the ladder's 2 tasks a step, the wide runs' 4."""
-QUICK = InflightSizes("tiny", "hf", None, 2, (1, 2), 16, 2, 256)
+QUICK = InflightSizes("tiny", "hf", None, False, 2, (1, 2), 16, 2, 256)
 
 
 def bench_inflight(args: argparse.Namespace) -> dict[str, float]:
@@ -55,10 +57,10 @@ def bench_inflight(args: argparse.Namespace) -> dict[str, float]:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from ctxrl.commands.bench_train import decode_passes, matmul_flops_per_s, rollout_flops
+    from ctxrl.commands.bench_train import GRPO_SAMPLING, decode_passes, matmul_flops_per_s, rollout_flops
     from ctxrl.env.tasks.registry import make_task
     from ctxrl.env.tokenizer import load_tokenizer_dir
-    from ctxrl.train.engines import EngineConfig, SamplingConfig, make_engine
+    from ctxrl.train.engines import EngineConfig, make_engine
     from ctxrl.train.models import get_model
     from ctxrl.train.rollout import RolloutConfig, rollout
 
@@ -70,7 +72,7 @@ def bench_inflight(args: argparse.Namespace) -> dict[str, float]:
         with torch.device("meta"):  # the geometry prices the FLOPs; no weights needed
             shape = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
         engine = make_engine(
-            EngineConfig(name=sizes.engine, max_model_len=4096, dtype=sizes.dtype),
+            EngineConfig(name=sizes.engine, max_model_len=4096, dtype=sizes.dtype, compile=sizes.compile),
             model_dir,
             tokenizer=tokenizer,
         )
@@ -93,7 +95,7 @@ def bench_inflight(args: argparse.Namespace) -> dict[str, float]:
                     tokenizer,
                     tasks,
                     config,
-                    sampling=SamplingConfig(max_new_tokens=sizes.max_new_tokens),
+                    sampling=replace(GRPO_SAMPLING, max_new_tokens=sizes.max_new_tokens),
                 )
                 wall = time.perf_counter() - start
                 n = groups * sizes.group_size

@@ -49,7 +49,8 @@ population std + ``eps`` (1e-6).
   two ctxrl rows time the same path and differ by noise only).
 
 **smollm2** (both cores, as the trainer runs): one GRPO step of SmolLM2-135M-Instruct on the in-process vLLM
-engine, 8 episodes of one ``short`` retention task in file mode, timed in parts (rollout, update, weight
+engine, 8 episodes of one ``short`` retention task in file mode, sampled as the GRPO configs sample
+(:data:`GRPO_SAMPLING`; runs before 2026-12-06 10:00 UTC sampled at temperature 0.7, top-p 0.95), timed in parts (rollout, update, weight
 sync), the update against the one it replaced (packed lines with full logits), FLOP and memory-bandwidth
 efficiencies against this machine's measured matmul rate and copy bandwidth; then ``sft_speedup``, the SFT
 path against TRL's ``SFTTrainer`` on the same demonstrations, one sequence a step, and
@@ -63,7 +64,8 @@ efficiencies are against the same fp32 matmul rate as the fp32 bench's (the issu
 ``*_vs_bf16`` against the bfloat16 rate measured in the same run (how far the work is from its own bound).
 
 **smollm2_bf16_compiled**: ``smollm2_bf16`` with the ctxrl trainer's decoder layers compiled
-(:data:`SMOL_BF16_COMPILED`, ``train.compile`` / ``sft.compile``). Its timed update runs after the first one
+(:data:`SMOL_BF16_COMPILED`, ``train.compile`` / ``sft.compile``) and, from 2026-12-06 10:00 UTC, the vLLM
+engine's model too (``engine.compile``). Its timed update runs after the first one
 (which compiles: ``smollm2_first_update_s``); the legacy update runs eager and TRL as in ``smollm2_bf16``.
 ``sft_steady_speedup`` compares the two SFT trainers after each one's first step (``sft_first_step_s`` holds
 the compilation); every section reports it.
@@ -85,7 +87,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from ctxrl.train.engines import engine_spec
+from ctxrl.train.engines import SamplingConfig, engine_spec
 from ctxrl.train.trajectory import EpisodeRecord, StepCost, StepRecord
 
 MAX_TOKENS = 8192
@@ -623,7 +625,14 @@ class StepSizes:
     bfloat16 autocast with float32 weights (``train.mixed_precision`` / ``sft.mixed_precision``)."""
     compile: bool = False
     """The trainer's decoder layers compiled (``train.compile`` / ``sft.compile``, the ctxrl side only: the
-    legacy update runs eager, TRL as configs/sft_smollm2.yaml sets it up)."""
+    legacy update runs eager, TRL as configs/sft_smollm2.yaml sets it up), and the engine's model where the
+    engine compiles (``engine.compile``: vLLM)."""
+
+
+GRPO_SAMPLING = SamplingConfig(temperature=1.0, top_p=1.0)
+"""How the GRPO configs sample (configs/train_smollm2*.yaml). On vLLM's CPU build a top-p below 1 sorts the
+whole vocabulary at every decode pass: the smollm2 bench's 8 episodes took 150 s at 0.95 against 122 s at 1
+(docs/train_throughput.md, "Eighth run")."""
 
 
 SMOL = StepSizes("smollm2-135m-instruct", "vllm", 8, "short", 256, 4096, 1536, 1)
@@ -738,7 +747,7 @@ def _smollm2_step(sizes: StepSizes, tmp: Path) -> dict[str, float]:
     from ctxrl.train.compile import compile_layers
     from ctxrl.train.config import LoraSettings, TrainConfig
     from ctxrl.train.credit import CreditConfig, assign_credit
-    from ctxrl.train.engines import EngineConfig, SamplingConfig, make_engine
+    from ctxrl.train.engines import EngineConfig, make_engine
     from ctxrl.train.engines.scripted import text_policy
     from ctxrl.train.models import get_model
     from ctxrl.train.policy import load_policy
@@ -753,7 +762,12 @@ def _smollm2_step(sizes: StepSizes, tmp: Path) -> dict[str, float]:
     if engine_spec(sizes.engine).needs_policy:
         policy = text_policy(make_policy("file-manager"), tokenizer)
     engine = make_engine(
-        EngineConfig(name=sizes.engine, max_model_len=4096, dtype="bfloat16" if bf16 else None),
+        EngineConfig(
+            name=sizes.engine,
+            max_model_len=4096,
+            dtype="bfloat16" if bf16 else None,
+            compile=sizes.compile and engine_spec(sizes.engine).compiles,
+        ),
         model_dir,
         tokenizer=tokenizer,
         policy=policy,
@@ -777,7 +791,7 @@ def _smollm2_step(sizes: StepSizes, tmp: Path) -> dict[str, float]:
             tokenizer,
             [task],
             RolloutConfig(group_size=sizes.group_size, mode="file", max_steps=sizes.max_steps),
-            sampling=SamplingConfig(max_new_tokens=sizes.max_new_tokens),
+            sampling=replace(GRPO_SAMPLING, max_new_tokens=sizes.max_new_tokens),
         )
         rollout_s = time.perf_counter() - t0
         # rewards that alternate, so every episode carries advantages (the figure is the update's speed)
@@ -885,7 +899,7 @@ def _sft_speedup(sizes: StepSizes, tmp: Path, *, steps: int) -> dict[str, float]
     from ctxrl.env.tasks.registry import make_task
     from ctxrl.env.tokenizer import load_tokenizer_dir
     from ctxrl.train.config import LoraSettings
-    from ctxrl.train.engines import EngineConfig, SamplingConfig, make_engine
+    from ctxrl.train.engines import EngineConfig, make_engine
     from ctxrl.train.engines.scripted import text_policy
     from ctxrl.train.models import get_model
     from ctxrl.train.rollout import RolloutConfig, rollout

@@ -5,7 +5,8 @@ Facts behind the defaults (measured, see README "Design choices"):
 - the CPU build refuses to start without ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache; 1 is plenty for
   the tiny model);
 - by default it reserves one of the two cores for itself; ``VLLM_CPU_NUM_OF_RESERVED_CPU=0`` gives it both;
-- ``enforce_eager=True`` starts in ~30 s instead of 60-95 s with torch.compile;
+- ``enforce_eager=True`` starts in ~30 s instead of 60-95 s with torch.compile (``engine.compile`` turns it
+  off: decoding then runs faster on a CPU with bfloat16 arithmetic, see ``EngineConfig.compile``);
 - a per-request ``SamplingParams(seed=...)`` with chunked prefill kills the CPU engine, so the engine is
   seeded once (``LLM(seed=...)``) and requests carry no seed.
 

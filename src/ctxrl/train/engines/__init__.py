@@ -64,6 +64,8 @@ class EngineSpec:
     structured_outputs: bool
     """Constrains decoding to ``SamplingConfig.json_schema`` (vLLM's structured outputs); the others refuse a
     schema."""
+    compiles: bool = False
+    """Runs its model under torch.compile when ``engine.compile`` is set (the others refuse the setting)."""
 
     def loads_weights(self, config: EngineConfig) -> bool:
         """Whether building it reads the weights in ``model_dir`` (checked first as a causal LM)."""
@@ -74,7 +76,11 @@ def _vllm(cfg: EngineConfig, model_dir: Path | None, tokenizer: Any, policy: Pol
     from ctxrl.train.engines.vllm_engine import VLLMEngine
 
     return VLLMEngine.load(
-        _need_dir(cfg.name, model_dir), seed=cfg.seed, max_model_len=cfg.max_model_len, dtype=cfg.dtype
+        _need_dir(cfg.name, model_dir),
+        seed=cfg.seed,
+        max_model_len=cfg.max_model_len,
+        dtype=cfg.dtype,
+        enforce_eager=not cfg.compile,
     )
 
 
@@ -123,7 +129,7 @@ def _scripted(cfg: EngineConfig, model_dir: Path | None, tokenizer: Any, policy:
 ENGINES: dict[str, EngineSpec] = {
     spec.name: spec
     for spec in (
-        EngineSpec("vllm", _vllm, True, False, False, True, True, "in-process", True, True),
+        EngineSpec("vllm", _vllm, True, False, False, True, True, "in-process", True, True, compiles=True),
         EngineSpec("vllm-server", _vllm_server, True, False, True, True, True, "nccl", True, True),
         EngineSpec("hf", _hf, True, False, False, True, True, "in-process", False, False),
         EngineSpec("scripted", _scripted, False, True, False, True, False, "none", False, False),
@@ -161,8 +167,14 @@ def make_engine(
     """
     if not isinstance(config, EngineConfig):
         config = EngineConfig(name=typing.cast(EngineName, engine_spec(config).name))
+    spec = engine_spec(config.name)
+    if config.compile and not spec.compiles:
+        compiling = ", ".join(name for name, s in ENGINES.items() if s.compiles)
+        raise ConfigError(
+            f"engine.compile: the {config.name} engine does not compile its model (only {compiling})"
+        )
     folder = None if model_dir is None else Path(model_dir)
-    return engine_spec(config.name).build(config, folder, tokenizer, policy)
+    return spec.build(config, folder, tokenizer, policy)
 
 
 def _need_dir(name: str, model_dir: str | Path | None) -> Path:
