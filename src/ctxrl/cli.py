@@ -36,7 +36,7 @@ BENCHMARKS: dict[str, str] = {
     "train": "training cost on the tiny model: packed rows vs one row per step, one update vs TRL's GRPOTrainer",
     "smollm2": "a real model's GRPO step (rollout, update vs the old update, FLOP efficiency) and SFT vs TRL",
     "smollm2_bf16": "the smollm2 bench in bfloat16: bf16 engine weights, the update and both SFTs under bf16 autocast",
-    "smollm2_bf16_compiled": "the smollm2_bf16 bench with the trainer's decoder layers compiled (train.compile)",
+    "smollm2_bf16_compiled": "the smollm2_bf16 bench with the trainer's decoder layers and the engine compiled",
     "precision": "bfloat16 against float32 on this machine: matmul, the trainer's update and its logprob error, vLLM rollout",
     "engine": "the vLLM engine's CPU settings (dtype, compile, thread binding, KV space, prefill budget) against the defaults",
     "inflight": "the vLLM rollout's FLOP efficiency with 8, 16 and 32 SmolLM2 episodes in flight",
