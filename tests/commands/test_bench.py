@@ -583,6 +583,18 @@ def test_bench_inflight_quick(
     )
 
 
+def test_the_benches_sample_as_the_grpo_configs_do() -> None:
+    """GRPO_SAMPLING is a copy of the training configs' sampling: it must move when they do."""
+    from ctxrl.commands.bench_train import GRPO_SAMPLING
+    from ctxrl.commands.config import load_run_config
+
+    for name in ("train_smollm2.yaml", "train_smollm2_ladder.yaml"):
+        sampling = load_run_config(ROOT / "configs" / name, []).sampling
+        assert (sampling.temperature, sampling.top_p) == (GRPO_SAMPLING.temperature, GRPO_SAMPLING.top_p), (
+            name
+        )
+
+
 def test_bench_smollm2_bf16_quick(tmp_path: Path) -> None:
     out = tmp_path / "smollm2_bf16.json"
     assert main(["bench", "smollm2_bf16", "--quick", "--json", str(out)]) == 0

@@ -29,7 +29,7 @@ import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 
 @dataclass(frozen=True)
@@ -54,53 +54,60 @@ QUICK = InflightSizes("tiny", "hf", None, False, 2, (1, 2), 16, 2, 256)
 
 def bench_inflight(args: argparse.Namespace) -> dict[str, float]:
     """``ctxrl bench inflight``: the figures of the module docstring."""
+    from ctxrl.commands.bench_train import GRPO_SAMPLING
+    from ctxrl.train.engines import EngineConfig
+
+    sizes = QUICK if getattr(args, "quick", False) else FULL
+    engine = EngineConfig(name=sizes.engine, max_model_len=4096, dtype=sizes.dtype, compile=sizes.compile)
+    sampling = replace(GRPO_SAMPLING, max_new_tokens=sizes.max_new_tokens)
+    return rollouts_in_flight(
+        sizes.model, engine, sampling, sizes.group_size, sizes.groups, sizes.max_steps, sizes.matmul_n
+    )
+
+
+def rollouts_in_flight(
+    model: str,
+    engine_config: Any,
+    sampling: Any,
+    group_size: int,
+    groups: tuple[int, ...],
+    max_steps: int | None,
+    matmul_n: int,
+) -> dict[str, float]:
+    """Roll out ``g`` groups of ``group_size`` ``short`` retention episodes for each ``g`` in ``groups``, one
+    rollout after another on one engine (``engine_config``, on ``model``: a registry name or a folder), each on
+    task seeds of its own; the figures of the module docstring. ``scripts/probe_rollout.py`` calls it with other
+    engine and sampling settings."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from ctxrl.commands.bench_train import GRPO_SAMPLING, decode_passes, matmul_flops_per_s, rollout_flops
+    from ctxrl.commands.bench_train import decode_passes, matmul_flops_per_s, rollout_flops
     from ctxrl.env.tasks.registry import make_task
     from ctxrl.env.tokenizer import load_tokenizer_dir
-    from ctxrl.train.engines import EngineConfig, make_engine
+    from ctxrl.train.engines import make_engine
     from ctxrl.train.models import get_model
     from ctxrl.train.rollout import RolloutConfig, rollout
 
-    sizes = QUICK if getattr(args, "quick", False) else FULL
     figures: dict[str, float] = {}
+    flops: dict[int, float] = {}
     with tempfile.TemporaryDirectory(prefix="ctxrl-bench-inflight-") as name:
-        model_dir = get_model(sizes.model, Path(name) / "model" if sizes.model == "tiny" else None)
+        model_dir = get_model(model, Path(name) / "model" if model == "tiny" else None)
         tokenizer = load_tokenizer_dir(model_dir)
         with torch.device("meta"):  # the geometry prices the FLOPs; no weights needed
             shape = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
-        engine = make_engine(
-            EngineConfig(name=sizes.engine, max_model_len=4096, dtype=sizes.dtype, compile=sizes.compile),
-            model_dir,
-            tokenizer=tokenizer,
-        )
+        engine = make_engine(engine_config, model_dir, tokenizer=tokenizer)
         try:
             first_task = 0
-            for groups in sizes.groups:
-                tasks = [
-                    make_task("retention", first_task + i, "short", split="train") for i in range(groups)
-                ]
-                first_task += groups
-                config = RolloutConfig(
-                    group_size=sizes.group_size,
-                    mode="file",
-                    max_steps=sizes.max_steps,
-                    workers=groups * sizes.group_size,
-                )
+            for g in groups:
+                tasks = [make_task("retention", first_task + i, "short", split="train") for i in range(g)]
+                first_task += g
+                n = g * group_size
+                config = RolloutConfig(group_size=group_size, mode="file", max_steps=max_steps, workers=n)
                 start = time.perf_counter()
-                result = rollout(
-                    engine,
-                    tokenizer,
-                    tasks,
-                    config,
-                    sampling=replace(GRPO_SAMPLING, max_new_tokens=sizes.max_new_tokens),
-                )
+                result = rollout(engine, tokenizer, tasks, config, sampling=sampling)
                 wall = time.perf_counter() - start
-                n = groups * sizes.group_size
                 passes = decode_passes(result.episodes)
-                figures[f"inflight_{n}_flops"] = rollout_flops(result.episodes, shape)
+                flops[n] = rollout_flops(result.episodes, shape)
                 figures[f"inflight_{n}_rollout_s"] = wall
                 figures[f"inflight_{n}_decode_passes"] = float(passes)
                 figures[f"inflight_{n}_ms_per_pass"] = 1000.0 * wall / max(passes, 1)
@@ -108,16 +115,13 @@ def bench_inflight(args: argparse.Namespace) -> dict[str, float]:
                 print(f"inflight bench: {n} episodes in {wall:.1f} s, {passes} decode passes", flush=True)
         finally:
             engine.close()
-    matmul = matmul_flops_per_s(sizes.matmul_n)
-    counts = [g * sizes.group_size for g in sizes.groups]
-    for n in counts:
-        flops = figures.pop(f"inflight_{n}_flops")
-        figures[f"inflight_{n}_rollout_flops_efficiency"] = (
-            flops / figures[f"inflight_{n}_rollout_s"] / matmul
-        )
+    matmul = matmul_flops_per_s(matmul_n)
+    for n, done in flops.items():
+        figures[f"inflight_{n}_rollout_flops_efficiency"] = done / figures[f"inflight_{n}_rollout_s"] / matmul
     figures["matmul_gflops"] = matmul / 1e9
+    first, last = min(flops), max(flops)
     figures["inflight_gain"] = (
-        figures[f"inflight_{counts[-1]}_rollout_flops_efficiency"]
-        / figures[f"inflight_{counts[0]}_rollout_flops_efficiency"]
+        figures[f"inflight_{last}_rollout_flops_efficiency"]
+        / figures[f"inflight_{first}_rollout_flops_efficiency"]
     )
     return figures

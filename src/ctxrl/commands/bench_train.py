@@ -632,7 +632,7 @@ class StepSizes:
 GRPO_SAMPLING = SamplingConfig(temperature=1.0, top_p=1.0)
 """How the GRPO configs sample (configs/train_smollm2*.yaml). On vLLM's CPU build a top-p below 1 sorts the
 whole vocabulary at every decode pass: the smollm2 bench's 8 episodes took 150 s at 0.95 against 122 s at 1
-(docs/train_throughput.md, "Eighth run")."""
+(``scripts/probe_rollout.py``; docs/train_throughput.md, "Eighth run")."""
 
 
 SMOL = StepSizes("smollm2-135m-instruct", "vllm", 8, "short", 256, 4096, 1536, 1)
