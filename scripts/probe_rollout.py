@@ -18,7 +18,7 @@ import argparse
 import json
 from dataclasses import asdict
 
-from ctxrl.commands.bench_inflight import rollouts_in_flight
+from ctxrl.commands.bench_inflight import InflightRun, rollouts_in_flight
 from ctxrl.train.engines import EngineConfig, SamplingConfig
 
 
@@ -41,8 +41,8 @@ def main(argv: list[str] | None = None) -> None:
         compile=args.compile,
     )
     sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.new_tokens)
-    groups = tuple(int(g) for g in args.groups.split(","))
-    figures = rollouts_in_flight(args.model, engine, sampling, args.group_size, groups, args.steps, 1536)
+    runs = [InflightRun(int(g), sampling) for g in args.groups.split(",")]
+    figures = rollouts_in_flight(args.model, engine, runs, args.group_size, args.steps, 1536)
     print(json.dumps({"engine": asdict(engine), "sampling": asdict(sampling), "figures": figures}))
 
 

@@ -563,21 +563,26 @@ def test_bench_inflight_quick(
     monkeypatch.setattr(registry, "make_task", make_task)
     out = tmp_path / "inflight.json"
     assert main(["bench", "inflight", "--quick", "--json", str(out)]) == 0
-    assert made == [0, 1, 2]  # 1 group, then 2 more: no rollout reuses another's cached prompts
+    assert made == [0, 1, 2, 3]  # 1 group, 2 more, then 1 at fewer tokens: none reuses another's prompts
     figures = _figures(out)
     per_count = ("rollout_flops_efficiency", "rollout_s", "decode_passes", "ms_per_pass", "generated_tokens")
-    assert set(figures) == {f"inflight_{n}_{k}" for n in (2, 4) for k in per_count} | {
+    labels = {"inflight_2": 16, "inflight_4": 16, "inflight_2_new_tokens_8": 8}  # new tokens an action
+    assert set(figures) == {f"{label}_{k}" for label in labels for k in per_count} | {
         "matmul_gflops",
         "inflight_gain",
     }
     printed = capsys.readouterr().out
-    for n in (2, 4):
-        passes, seconds = figures[f"inflight_{n}_decode_passes"], figures[f"inflight_{n}_rollout_s"]
-        # 2 steps of at most 16 tokens: at most 32 passes, whatever the number in flight
-        assert 0 < passes <= 32 and figures[f"inflight_{n}_generated_tokens"] <= n * 32
-        assert figures[f"inflight_{n}_ms_per_pass"] == pytest.approx(1000 * seconds / passes)
-        assert figures[f"inflight_{n}_rollout_flops_efficiency"] > 0
-        assert f"inflight bench: {n} episodes in {seconds:.1f} s, {passes:.0f} decode passes" in printed
+    for label, tokens in labels.items():
+        n = int(label.split("_")[1])
+        passes, seconds = figures[f"{label}_decode_passes"], figures[f"{label}_rollout_s"]
+        # 2 steps of at most `tokens` tokens: at most 2 * tokens passes, whatever the number in flight
+        assert 0 < passes <= 2 * tokens and figures[f"{label}_generated_tokens"] <= n * 2 * tokens
+        assert figures[f"{label}_ms_per_pass"] == pytest.approx(1000 * seconds / passes)
+        assert figures[f"{label}_rollout_flops_efficiency"] > 0
+        expected = (
+            f"inflight bench: {n} episodes at {tokens} new tokens an action in {seconds:.1f} s, {passes:.0f}"
+        )
+        assert expected in printed
     assert figures["inflight_gain"] == pytest.approx(
         figures["inflight_4_rollout_flops_efficiency"] / figures["inflight_2_rollout_flops_efficiency"]
     )
