@@ -39,7 +39,7 @@ BENCHMARKS: dict[str, str] = {
     "smollm2_bf16_compiled": "the smollm2_bf16 bench with the trainer's decoder layers and the engine compiled",
     "precision": "bfloat16 against float32 on this machine: matmul, the trainer's update and its logprob error, vLLM rollout",
     "engine": "the vLLM engine's CPU settings (dtype, compile, thread binding, KV space, prefill budget) against the defaults",
-    "inflight": "the vLLM rollout's FLOP efficiency with 8, 16 and 32 SmolLM2 episodes in flight",
+    "inflight": "the vLLM rollout's FLOP efficiency with 8, 16 and 32 SmolLM2 episodes in flight, and 8 at 64 new tokens",
     "fuzz": "hostile model outputs through whole steps of every mode and family: crashes, stalls, broken invariants",
 }
 
