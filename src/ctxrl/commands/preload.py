@@ -34,9 +34,11 @@ MARKER = "CTXRL_PRELOADED"
 """Set in the re-executed process: it must not re-execute again."""
 SWITCH = "CTXRL_PRELOAD"
 """``0`` turns preloading off."""
-ENGINE_COMMANDS = frozenset({"quickstart", "rollout", "eval", "train", "sft", "evolve", "export"})
-"""Subcommands that start (or may start) a vLLM or transformers engine. ``bench`` is not here: its rollout
-bench starts its own processes, one with and one without the preload, to show both figures."""
+ENGINE_COMMANDS = frozenset({"quickstart", "rollout", "eval", "train", "sft", "evolve", "export", "bench"})
+"""Subcommands that start (or may start) a vLLM or transformers engine. ``bench`` is one since 2026-12-06, so
+its engines and trainers run as ``train`` and ``sft`` run them (before, only the rollout bench's children had
+the preload); the rollout bench still starts one child with and one without it, each with an environment of
+its own, to show both figures."""
 
 
 def system_lib_dirs() -> list[Path]:
