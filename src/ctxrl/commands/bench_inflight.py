@@ -154,10 +154,10 @@ def rollouts_in_flight(
     for label, done in flops.items():
         figures[f"{label}_rollout_flops_efficiency"] = done / figures[f"{label}_rollout_s"] / matmul
     figures["matmul_gflops"] = matmul / 1e9
-    counted = sorted((r.groups, r.label(group_size)) for r in runs if not r.by_new_tokens)
-    if counted:
-        (_, first), (_, last) = counted[0], counted[-1]
-        figures["inflight_gain"] = (
-            figures[f"{last}_rollout_flops_efficiency"] / figures[f"{first}_rollout_flops_efficiency"]
+    by_count = sorted((r for r in runs if not r.by_new_tokens), key=lambda r: r.groups)
+    if by_count:
+        fewest, most = (
+            f"{r.label(group_size)}_rollout_flops_efficiency" for r in (by_count[0], by_count[-1])
         )
+        figures["inflight_gain"] = figures[most] / figures[fewest]
     return figures

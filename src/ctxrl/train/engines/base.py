@@ -72,8 +72,9 @@ class EngineConfig:
     compile: bool = False
     """``vllm``: run the model under torch.compile (vLLM's ``enforce_eager=False``) instead of eagerly. The
     engine starts about a minute later. On a 2-core Xeon with AMX, bfloat16 weights, the smollm2 bench's 8
-    episodes decoded 1.25× faster (120 against 150 s, ``scripts/probe_rollout.py``; docs/train_throughput.md, "Eighth run"); on 2026-12-04's
-    AVX2 EPYC in float32, 1.03× (``ctxrl bench engine``). The other engines refuse it (ConfigError)."""
+    episodes decoded 1.25× faster (120 against 150 s, ``scripts/probe_rollout.py``; docs/train_throughput.md,
+    "Eighth run"); on 2026-12-04's AVX2 EPYC in float32, 1.03× (``ctxrl bench engine``). The other engines
+    refuse it (ConfigError)."""
     policy: str | None = None
     """``scripted``: the policy, a scripted reference policy's name (``file-manager``, ...) or
     ``MODULE:FUNCTION`` of a factory ``f(tokenizer) -> policy(prompt_ids) -> text``; None: a probe policy."""
