@@ -611,6 +611,21 @@ def test_the_benches_sample_as_the_grpo_configs_do() -> None:
         )
 
 
+def test_the_sft_setups_are_the_configs_sizes() -> None:
+    """SFT_SETUPS copies the SFT configs' sequence sizes: they must move together."""
+    from ctxrl.commands.bench_train import SFT_SETUPS
+    from ctxrl.commands.config import load_run_config
+
+    for suffix, name in (("", "sft_smollm2.yaml"), ("_ladder", "sft_smollm2_ladder.yaml")):
+        sft = load_run_config(ROOT / "configs" / name, []).sft
+        setup = SFT_SETUPS[suffix]
+        assert (setup.max_seq_len, setup.batch_tokens, setup.steps_by) == (
+            sft.max_seq_len,
+            sft.batch_tokens,
+            sft.steps_by,
+        ), name
+
+
 def test_bench_smollm2_bf16_quick(tmp_path: Path) -> None:
     out = tmp_path / "smollm2_bf16.json"
     assert main(["bench", "smollm2_bf16", "--quick", "--json", str(out)]) == 0
@@ -663,7 +678,7 @@ def test_bench_smollm2_quick(tmp_path: Path) -> None:
         "smollm2_steady_step_s",
         *(
             f"{name}{suffix}"
-            for suffix in ("", "_episode_steps")
+            for suffix in ("", "_ladder", "_episode_steps")
             for name in (
                 "sft_speedup",
                 "sft_tokens_per_s",
@@ -681,7 +696,11 @@ def test_bench_smollm2_quick(tmp_path: Path) -> None:
         figures["smollm2_legacy_update_s"] / figures["smollm2_update_s"]
     )
     assert figures["matmul_gflops"] > 0 and figures["update_flops_efficiency"] > 0
-    for suffix in ("", "_episode_steps"):
+    for suffix in ("", "_ladder", "_episode_steps"):
         assert figures[f"sft_speedup{suffix}"] == pytest.approx(
             figures[f"sft_tokens_per_s{suffix}"] / figures[f"sft_trl_tokens_per_s{suffix}"]
         )
+    # the ladder's SFT path is measured against the TRL run set up as configs/sft_smollm2.yaml, not its own
+    for name in ("sft_trl_tokens_per_s", "sft_trl_first_step_s"):
+        assert figures[f"{name}_ladder"] == figures[name]
+    assert figures["sft_tokens_per_s_ladder"] != figures["sft_tokens_per_s"]

@@ -177,10 +177,21 @@ def test_auto_layout_pads_rows_of_alike_length_and_packs_ragged_ones() -> None:
     # 4*4*128*1600^2 attention FLOPs against 8 * 4*4*128*200^2 padded: 8x more, so padded wins
     alike = [row(200, e) for e in range(8)]
     assert layout_kind(cheapest_layout(alike, 4096, 0, SIZES)) == "padded"
-    # one 1,000-token row and seven of 10: padded spends 8 x 1,000 tokens through the linear layers
-    # (16 GFLOP of 2*1M per token) against 1,070 packed, far more than packing's extra attention
+    # one 1,000-token row and seven of 10: padded beside the long row they would spend 8 x 1,000 tokens, so
+    # they form a batch of their own (1,070 tokens in all, as packed), and padded attention is the cheaper
     ragged = [row(1000, 0), *(row(10, e) for e in range(1, 8))]
-    assert layout_kind(cheapest_layout(ragged, 8192, 0, SIZES)) == "packed"
+    chosen = cheapest_layout(ragged, 8192, 0, SIZES)
+    assert layout_kind(chosen) == "padded" and sum(u.num_tokens for u in chosen) == 1070
+
+
+def test_a_row_joins_a_padded_batch_only_when_its_padding_is_small() -> None:
+    # an episode's suffixes after a shared prefix (recorded SmolLM2 SFT rows): 941, 780 and 300 tokens fit
+    # one 4,096-token batch of width 941, but the 300 would be 68 % padding and the 780 17 %: three batches
+    rows = [row(941, 0), row(780, 1), row(300, 2)]
+    assert [mb.input_ids.shape for mb in pad_rows(rows, 4096, 0)] == [(1, 941), (1, 780), (1, 300)]
+    # within the limit (an eighth of the width, or 64 tokens for narrow batches) rows share a batch
+    rows = [row(941, 0), row(830, 1), row(60, 2), row(3, 3)]
+    assert [mb.input_ids.shape for mb in pad_rows(rows, 4096, 0)] == [(2, 941), (2, 60)]
 
 
 def shared_rows(prefix: int, suffixes: list[int], group: int = 0) -> list[Row]:

@@ -53,9 +53,11 @@ engine, 8 episodes of one ``short`` retention task in file mode, sampled as the 
 (:data:`GRPO_SAMPLING`; runs before 2026-12-06 10:00 UTC sampled at temperature 0.7, top-p 0.95), timed in parts (rollout, update, weight
 sync), the update against the one it replaced (packed lines with full logits), FLOP and memory-bandwidth
 efficiencies against this machine's measured matmul rate and copy bandwidth; then ``sft_speedup``, the SFT
-path against TRL's ``SFTTrainer`` on the same demonstrations, one sequence a step, and
-``sft_speedup_episode_steps``, the same at the ladder's 16k tokens a step with the SFT path's steps holding
-whole episodes (:func:`_smollm2_step`, :func:`_sft_speedup`, :data:`SFT_SETUPS` say what each figure is).
+path against TRL's ``SFTTrainer`` on the same demonstrations, one sequence a step;
+``sft_speedup_ladder``, the SFT path as the learning benchmark runs it (configs/sft_smollm2_ladder.yaml's
+16k-token steps) against that same TRL run; and ``sft_speedup_episode_steps``, both trainers at the ladder's
+sizes with the SFT path's steps holding whole episodes (:func:`_smollm2_step`, :func:`_sft_speedup`,
+:data:`SFT_SETUPS` say what each figure is).
 One timed repeat: a repeat of the update alone is about 15 minutes here.
 
 **smollm2_bf16**: the same bench in bfloat16 (:data:`SMOL_BF16`): vLLM's weights in bfloat16, the update, the
@@ -878,16 +880,24 @@ class SFTSetup:
     steps_by: Literal["example", "episode"]
     tasks: int
     """Demonstrations (one task each) trained on."""
+    trl_from: str | None = None
+    """The setup whose TRL run this one's SFT path is measured against (on the same demonstrations); None: a
+    TRL run of its own at the same sequence length and tokens per step."""
 
 
 SFT_SETUPS = {
     "": SFTSetup(max_seq_len=2048, batch_tokens=2048, steps_by="example", tasks=2),
+    "_ladder": SFTSetup(max_seq_len=4096, batch_tokens=16384, steps_by="example", tasks=2, trl_from=""),
     "_episode_steps": SFTSetup(max_seq_len=4096, batch_tokens=16384, steps_by="episode", tasks=4),
 }
-"""The two SFT setups the bench times, by the suffix of their figures: configs/sft_smollm2.yaml's (one
-2,048-token sequence a step, so nothing to share) and configs/sft_smollm2_ladder.yaml's (16k tokens a step of
-rows up to 4,096) with the ctxrl trainer's steps holding whole episodes (``sft.steps_by: episode``). TRL runs
-each at the same sequence length and tokens per step."""
+"""The SFT setups the bench times, by the suffix of their figures:
+
+- ``""``: both trainers as configs/sft_smollm2.yaml (one 2,048-token sequence a step, so nothing to share);
+- ``_ladder``: the SFT path as configs/sft_smollm2_ladder.yaml runs it in the learning benchmark (16k tokens a
+  step of rows up to 4,096, each step's system prompt computed once) against TRL as configs/sft_smollm2.yaml
+  (``""``'s run): the comparison issue 22 sets, the SFT path as used against TRL as it was set up;
+- ``_episode_steps``: both at the ladder's sizes, the ctxrl trainer's steps holding whole episodes
+  (``sft.steps_by: episode``); TRL at 4,096-token sequences of 16k tokens a step."""
 
 
 def _sft_speedup(sizes: StepSizes, tmp: Path, *, steps: int) -> dict[str, float]:
@@ -918,10 +928,16 @@ def _sft_speedup(sizes: StepSizes, tmp: Path, *, steps: int) -> dict[str, float]
         sampling=SamplingConfig(max_new_tokens=4096),
     ).episodes
     figures: dict[str, float] = {}
+    trl_runs: dict[str, Any] = {}
     for suffix, setup in SFT_SETUPS.items():
         examples, _ = sft_examples(demos[: setup.tasks], max_seq_len=setup.max_seq_len, successful_only=False)
         results = {}
+        if setup.trl_from is not None:
+            assert SFT_SETUPS[setup.trl_from].tasks == setup.tasks, "the same demonstrations"
+            results["trl"] = trl_runs[setup.trl_from]
         for trainer in ("ctxrl", "trl"):
+            if trainer in results:
+                continue
             config = SFTConfig(
                 trainer=trainer,
                 lr=1e-3,
@@ -935,7 +951,7 @@ def _sft_speedup(sizes: StepSizes, tmp: Path, *, steps: int) -> dict[str, float]
             )
             out = tmp / f"sft{suffix}-{trainer}"
             results[trainer] = train_sft(config, model_dir, examples, out, progress=False)
-        ours, trl = results["ctxrl"], results["trl"]
+        ours, trl = results["ctxrl"], trl_runs.setdefault(suffix, results["trl"])
         figures[f"sft_speedup{suffix}"] = ours.tokens_per_s / trl.tokens_per_s
         figures[f"sft_tokens_per_s{suffix}"] = ours.tokens_per_s
         figures[f"sft_trl_tokens_per_s{suffix}"] = trl.tokens_per_s

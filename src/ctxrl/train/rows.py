@@ -297,11 +297,21 @@ def _grid(values: Sequence[Sequence[float]], fill: float, dtype: type, *, width:
     return np.asarray([[*v, *([fill] * (width - len(v)))] for v in values], dtype=dtype)
 
 
+PAD_SLACK = 0.125
+"""A row joins a padded batch only when its padding is at most this share of the batch's width (or
+:data:`PAD_SLACK_TOKENS`): a line of padding costs what a line of tokens does, and batching lines saves
+little on a CPU. With no limit, a 300-token suffix padded beside two of ~900 made SmolLM2's SFT step 27 %
+slower (docs/train_throughput.md, "Tenth run")."""
+PAD_SLACK_TOKENS = 64
+"""Padding a row may always take, however narrow the batch: a forward pass has a fixed cost (SmolLM2's
+supervised step, bfloat16 on a 2-core CPU: ~190 ms, what ~75 tokens cost)."""
+
+
 def pad_rows(rows: Sequence[Row], max_tokens: int, pad_id: int) -> list[Microbatch]:
     """Batch ``rows`` with right padding so that ``rows × longest <= max_tokens`` per batch.
 
     Rows are sorted by length (longest first) and cut into consecutive runs, so rows of similar length share
-    a batch and little is padding.
+    a batch; a row that would be padded by more than :data:`PAD_SLACK` of the width starts a new batch.
 
     >>> a = Row([1, 2, 3], [0, 0, 1], [0, 0, -0.5], [0, 0, 2.0], [0, 0, 0], [(2, 3)], 0, 0, (0,))
     >>> b = Row([4, 5], [0, 1], [0, -0.1], [0, 1.0], [0, 1], [(1, 2)], 1, 0, (0,))
@@ -314,7 +324,10 @@ def pad_rows(rows: Sequence[Row], max_tokens: int, pad_id: int) -> list[Microbat
     groups: list[list[int]] = []
     for i in order:
         # sorted longest first: the group's width is its first row's length
-        if groups and (len(groups[-1]) + 1) * len(rows[groups[-1][0]]) <= max_tokens:
+        width = len(rows[groups[-1][0]]) if groups else 0
+        padding = width - len(rows[i])
+        fits = groups and (len(groups[-1]) + 1) * width <= max_tokens
+        if fits and padding <= max(PAD_SLACK * width, PAD_SLACK_TOKENS):
             groups[-1].append(i)
         else:
             groups.append([i])
