@@ -2,6 +2,7 @@
 
     python scripts/probe_sft_step.py [LENGTH] [LOSS_TOKENS] [--profile] [--casts] [--compile]
     python scripts/probe_sft_step.py 2048 600 --profile
+    python scripts/probe_sft_step.py --demos TASKS [MAX_SEQ_LEN] [MODEL]
 
 One LoRA (r = 16) supervised step of SmolLM2-135M-Instruct on a single row of LENGTH random token ids, the
 loss on its last LOSS_TOKENS, through the SFT path's own update (:func:`ctxrl.train.update.nll_backward` on
@@ -14,6 +15,16 @@ one row: autocast rounding a weight to bf16) and the others (activations, id row
 decoder layers are compiled first (``sft.compile``, :func:`ctxrl.train.compile.compile_layers`) and the
 untimed step's seconds, which hold the compilation, are printed too. Used for the "Sixth run" and "Seventh
 run" sections of docs/train_throughput.md.
+
+``--demos TASKS``: one SFT step on real demonstrations instead — the scripted file manager's episodes of
+TASKS train-split `short` retention tasks (as ``ctxrl bench smollm2`` records them), their rows cut at
+MAX_SEQ_LEN (default 4,096, configs/sft_smollm2_ladder.yaml's) in one step (which it names the layout
+``packing: auto`` picks for) — timed under bfloat16 autocast
+in three layouts: ``padded`` (rows of alike length batched), ``shared`` (the trie) and
+``shared-unlimited`` (the trie with rows batched however much padding they take, as before
+:data:`ctxrl.train.rows.PAD_SLACK`). Each prints its suffix batches (lines × width), tokens through the
+model, seconds of one step after an untimed one, and row tokens a second (the SFT figures' unit). MODEL:
+``smollm2-135m-instruct`` (default) or ``tiny``. Used for the "Tenth run" section.
 """
 
 from __future__ import annotations
@@ -50,7 +61,73 @@ def count_casts(step: Callable[[], object]) -> dict[str, tuple[int, float]]:
     return found
 
 
+def demo_layouts(tasks: int, max_seq_len: int, name: str) -> None:
+    """The ``--demos`` mode (module docstring)."""
+    import tempfile
+    from pathlib import Path
+
+    import ctxrl.train.rows as rows_module
+    from ctxrl.env.policies import make_policy
+    from ctxrl.env.tasks.registry import make_task
+    from ctxrl.env.tokenizer import load_tokenizer_dir
+    from ctxrl.train.engines import EngineConfig, SamplingConfig, make_engine
+    from ctxrl.train.engines.scripted import text_policy
+    from ctxrl.train.rollout import RolloutConfig, rollout
+    from ctxrl.train.rows import build_layout, layout_kind
+    from ctxrl.train.sft import sft_examples, sft_rows
+
+    with tempfile.TemporaryDirectory(prefix="probe-sft-") as tmp:
+        folder = get_model(name, Path(tmp) / "model" if name == "tiny" else None)
+        tokenizer = load_tokenizer_dir(folder)
+        policy = text_policy(make_policy("file-manager"), tokenizer)
+        engine = make_engine(EngineConfig(name="scripted"), folder, tokenizer=tokenizer, policy=policy)
+        chosen = [make_task("retention", seed, "short", split="train") for seed in range(1, tasks + 1)]
+        demos = rollout(
+            engine, tokenizer, chosen, RolloutConfig(group_size=1, mode="file"),
+            sampling=SamplingConfig(max_new_tokens=4096),
+        ).episodes  # fmt: skip
+        rows = sft_rows(sft_examples(demos, max_seq_len=max_seq_len, successful_only=False)[0])
+        row_tokens = sum(len(r) for r in rows)
+        n_loss = float(sum(r.num_loss_tokens for r in rows))
+        print(
+            f"{len(demos)} episodes, {len(rows)} rows of {[len(r) for r in rows]} tokens ({row_tokens} in all)"
+        )
+        model = load_policy(folder, TrainConfig(lora=LoraSettings(enabled=True, dropout=0.0))).train()
+        auto = make_layout(rows, "auto", max_seq_len, 0, layout_sizes(model), packs=True)
+        print(f"packing: auto picks {layout_kind(auto)}")
+        limit = rows_module.PAD_SLACK
+        for label, kind, slack in (
+            ("padded", "padded", limit),
+            ("shared", "shared", limit),
+            ("shared-unlimited", "shared", float("inf")),
+        ):
+            rows_module.PAD_SLACK = slack
+            try:
+                units = build_layout(rows, kind, max_seq_len, 0)
+            finally:
+                rows_module.PAD_SLACK = limit
+            shapes = [tuple(mb.input_ids.shape) for u in units for mb in u.all_batches()]
+            tokens = sum(u.num_tokens for u in units)
+            with precision_context("bf16", "cpu"):
+                nll_backward(model, units, num_loss_tokens=n_loss)  # warm-up
+                start = time.perf_counter()
+                nll_backward(model, units, num_loss_tokens=n_loss)
+                seconds = time.perf_counter() - start
+            model.zero_grad(set_to_none=True)
+            print(
+                f"{label} {seconds:.2f} s {tokens} tokens {row_tokens / seconds:.1f} row tokens/s batches {shapes}",
+                flush=True,
+            )
+
+
 def main(argv: list[str]) -> None:
+    if argv[:1] == ["--demos"]:
+        demo_layouts(
+            int(argv[1]),
+            int(argv[2]) if len(argv) > 2 else 4096,
+            argv[3] if len(argv) > 3 else "smollm2-135m-instruct",
+        )
+        return
     profile = "--profile" in argv
     casts = "--casts" in argv
     compiled = "--compile" in argv

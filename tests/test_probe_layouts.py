@@ -78,3 +78,18 @@ def test_sft_step_probe_times_and_profiles_both_precisions() -> None:
     # the 30 x 7 x 2 LoRA factors once in the step's forward pass: 631, and none again in the backward
     assert casts["casts mixed_precision=no"][0] == 0
     assert casts["casts mixed_precision=bf16"][0] == 30 * 7 + 1 + 30 * 7 * 2
+
+
+def test_sft_step_probe_times_recorded_demonstrations_with_and_without_the_padding_limit() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "probe_sft_step.py"), "--demos", "1", "4096", "tiny"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("1 episodes,") and lines[1].startswith("packing: auto picks ")
+    timed = {line.split()[0]: line.split() for line in lines[2:]}
+    assert list(timed) == ["padded", "shared", "shared-unlimited"]
+    assert all(float(t[1]) > 0 for t in timed.values())
+    # the limit only ever splits a batch: never more tokens through the model than without it
+    assert int(timed["shared"][3]) <= int(timed["shared-unlimited"][3])

@@ -172,7 +172,7 @@ def test_packing_keeps_every_loss_token_once(records: SimpleNamespace) -> None:
 SIZES = LayoutSizes(body_params=1_000_000, head_params=100_000, n_layers=4, attn_width=128)
 
 
-def test_auto_layout_pads_rows_of_alike_length_and_packs_ragged_ones() -> None:
+def test_auto_layout_pads_rows_of_alike_length_and_ragged_ones_apart() -> None:
     # eight 200-token rows: both layouts hold 1,600 tokens, but one packed line of 1,600 computes
     # 4*4*128*1600^2 attention FLOPs against 8 * 4*4*128*200^2 padded: 8x more, so padded wins
     alike = [row(200, e) for e in range(8)]

@@ -300,8 +300,9 @@ def _grid(values: Sequence[Sequence[float]], fill: float, dtype: type, *, width:
 PAD_SLACK = 0.125
 """A row joins a padded batch only when its padding is at most this share of the batch's width (or
 :data:`PAD_SLACK_TOKENS`): a line of padding costs what a line of tokens does, and batching lines saves
-little on a CPU. With no limit, a 300-token suffix padded beside two of ~900 made SmolLM2's SFT step 27 %
-slower (docs/train_throughput.md, "Tenth run")."""
+little on a CPU. Without it, SmolLM2's SFT step on two recorded episodes padded their 300-token suffixes
+beside two of 780–1,071 and took 1.42× as long (``scripts/probe_sft_step.py --demos 2``;
+docs/train_throughput.md, "Tenth run")."""
 PAD_SLACK_TOKENS = 64
 """Padding a row may always take, however narrow the batch: a forward pass has a fixed cost (SmolLM2's
 supervised step, bfloat16 on a 2-core CPU: ~190 ms, what ~75 tokens cost)."""

@@ -40,7 +40,7 @@ from typing import Any, Literal
 
 from ctxrl.errors import ConfigError, UsageError
 from ctxrl.train.config import LoraSettings, check_mixed_precision
-from ctxrl.train.rows import episode_rows
+from ctxrl.train.rows import Row, episode_rows
 from ctxrl.train.run_folder import json_lines
 from ctxrl.train.trajectory import EpisodeRecord
 
@@ -701,7 +701,7 @@ def _train_sft_ctxrl(
     import torch
 
     from ctxrl.train.logprobs import packing_supported
-    from ctxrl.train.rows import Row, layout_kind
+    from ctxrl.train.rows import layout_kind
     from ctxrl.train.update import layout_sizes, make_layout, nll_backward, precision_context
 
     if config.lora.enabled:
@@ -717,21 +717,7 @@ def _train_sft_ctxrl(
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     steps = sft_steps(examples, config)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(config, len(steps)))
-    rows = [
-        Row(
-            input_ids=list(e.input_ids),
-            loss_mask=list(e.completion_mask),
-            old_logprobs=[0.0] * len(e.input_ids),
-            advantages=[0.0] * len(e.input_ids),
-            edit_mask=[0] * len(e.input_ids),
-            spans=[],
-            episode=e.episode,
-            # one group: every row of a step shares the system prompt (a trie nests episodes under it)
-            group=0,
-            steps=e.steps,
-        )
-        for e in examples
-    ]
+    rows = sft_rows(examples)
     sizes, packs = layout_sizes(model), packing_supported(model)
     pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
     log: list[dict[str, float]] = []
@@ -799,6 +785,25 @@ def _train_sft_ctxrl(
         steady_tokens_per_s=_steady_rate(first, wall, tokens),
         trained=trained,
     )
+
+
+def sft_rows(examples: Sequence[SFTExample]) -> list[Row]:
+    """The examples as the trainer's rows (loss on the completion tokens, no advantages), all in one group:
+    every row of a step shares the system prompt, and the trie nests each episode's prefix under it."""
+    return [
+        Row(
+            input_ids=list(e.input_ids),
+            loss_mask=list(e.completion_mask),
+            old_logprobs=[0.0] * len(e.input_ids),
+            advantages=[0.0] * len(e.input_ids),
+            edit_mask=[0] * len(e.input_ids),
+            spans=[],
+            episode=e.episode,
+            group=0,
+            steps=e.steps,
+        )
+        for e in examples
+    ]
 
 
 def _steady_rate(first: tuple[float, int] | None, wall: float, tokens: int) -> float:
