@@ -182,6 +182,9 @@ def test_auto_layout_pads_rows_of_alike_length_and_ragged_ones_apart() -> None:
     ragged = [row(1000, 0), *(row(10, e) for e in range(1, 8))]
     chosen = cheapest_layout(ragged, 8192, 0, SIZES)
     assert layout_kind(chosen) == "padded" and sum(u.num_tokens for u in chosen) == 1070
+    # a 100-token row and a 40-token one: a narrow batch may pad by up to 64 tokens (200 tokens through the
+    # body), more than one packed line of 140 costs in extra attention
+    assert layout_kind(cheapest_layout([row(100, 0), row(40, 1)], 4096, 0, SIZES)) == "packed"
 
 
 def test_a_row_joins_a_padded_batch_only_when_its_padding_is_small() -> None:

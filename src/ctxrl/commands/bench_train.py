@@ -951,7 +951,8 @@ def _sft_speedup(sizes: StepSizes, tmp: Path, *, steps: int) -> dict[str, float]
             )
             out = tmp / f"sft{suffix}-{trainer}"
             results[trainer] = train_sft(config, model_dir, examples, out, progress=False)
-        ours, trl = results["ctxrl"], trl_runs.setdefault(suffix, results["trl"])
+        ours, trl = results["ctxrl"], results["trl"]
+        trl_runs[suffix] = trl
         figures[f"sft_speedup{suffix}"] = ours.tokens_per_s / trl.tokens_per_s
         figures[f"sft_tokens_per_s{suffix}"] = ours.tokens_per_s
         figures[f"sft_trl_tokens_per_s{suffix}"] = trl.tokens_per_s

@@ -21,7 +21,8 @@ tokens have mask 0, logprob 0 and advantage 0. Position 0 is never a loss token 
 **Packing.** :func:`pack_rows` puts whole rows into sequences of at most ``max_tokens`` tokens (first fit
 by decreasing length); position ids restart at 0 for each row and ``cu_seqlens`` gives the row boundaries,
 i.e. attention stays block-diagonal. :func:`pad_rows` is the fallback for models that ignore packing: rows
-of similar length are batched with right padding so ``rows × longest`` stays within ``max_tokens``. A row
+of similar length are batched with right padding so ``rows × longest`` stays within ``max_tokens`` and a
+row's padding within :data:`PAD_SLACK` of the width. A row
 longer than ``max_tokens`` travels alone in its own microbatch (rows are never cut: the cut would lose the
 context its loss tokens were generated from).
 
@@ -637,8 +638,10 @@ def cheapest_layout(
     kinds: Sequence[LayoutKind] = ("shared", "packed", "padded"),
 ) -> list[LayoutUnit]:
     """The layout of ``rows`` among ``kinds`` that :func:`layout_flops` prices lowest (ties: the earlier
-    kind). Shared prefixes win when rows of a group begin alike (every GRPO group does); packing wins when
-    rows differ in length and share little; padding when they are alike in length and share little."""
+    kind). Shared prefixes win when rows of a group begin alike (every GRPO group does); padding when they
+    share little (its attention skips the pairs across rows that a packed line computes, and
+    :data:`PAD_SLACK` keeps ragged rows in batches of their own); packing when short rows of different lengths
+    would pad by up to :data:`PAD_SLACK_TOKENS` each, more than packing's extra attention costs."""
     best: list[LayoutUnit] | None = None
     best_flops = 0.0
     for kind in kinds:
