@@ -645,16 +645,16 @@ def test_bench_smollm2_bf16_quick(tmp_path: Path) -> None:
 
 def test_bench_smollm2_bf16_compiled_quick(tmp_path: Path) -> None:
     """The compiled section: the first update pays the compilation, the timed one does not, and the SFT
-    figures after the first step are the trainers' steady rates."""
+    figures after the first step are the trainers' steady rates (the first SFT setup's: the later ones reuse
+    its compiled graphs)."""
     out = tmp_path / "smollm2_bf16_compiled.json"
     assert main(["bench", "smollm2_bf16_compiled", "--quick", "--json", str(out)]) == 0
     figures = _figures(out)
     assert figures["smollm2_first_update_s"] > 5 * figures["smollm2_update_s"]
     assert figures["smollm2_steady_step_s"] < figures["smollm2_step_s"]
-    for suffix in ("", "_episode_steps"):
-        assert figures[f"sft_first_step_s{suffix}"] > figures[f"sft_trl_first_step_s{suffix}"]
-        # compiled, the whole run is slower than TRL's and its steps after the first are not
-        assert figures[f"sft_steady_speedup{suffix}"] > figures[f"sft_speedup{suffix}"]
+    assert figures["sft_first_step_s"] > figures["sft_trl_first_step_s"]
+    # compiled, the whole run is slower than TRL's and its steps after the first are not
+    assert figures["sft_steady_speedup"] > figures["sft_speedup"]
 
 
 def test_bench_smollm2_quick(tmp_path: Path) -> None:

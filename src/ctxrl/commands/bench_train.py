@@ -70,7 +70,7 @@ efficiencies are against the same fp32 matmul rate as the fp32 bench's (the issu
 engine's model too (``engine.compile``). Its timed update runs after the first one
 (which compiles: ``smollm2_first_update_s``); the legacy update runs eager and TRL as in ``smollm2_bf16``.
 ``sft_steady_speedup`` compares the two SFT trainers after each one's first step (``sft_first_step_s`` holds
-the compilation); every section reports it.
+the compilation; the later setups reuse the compiled graphs); every section reports it.
 
 ``--quick`` is a smoke run of the same code on small sizes (``train``: 4-step episodes, short prompts, two
 repeats; ``smollm2``: the tiny model with the scripted file manager as its engine); its ratios say the path
