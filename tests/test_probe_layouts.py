@@ -13,6 +13,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def run_script(name: str, *args: str, timeout: int = 300) -> str:
+    """``scripts/NAME ARGS`` in a fresh interpreter: its stdout, after checking that it succeeded."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / name), *args],
+        capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
 @pytest.mark.slow
 def test_probe_counts_and_profiles_the_layouts_of_recorded_episodes(
     tmp_path: Path, tiny_model_dir: Path
@@ -28,12 +38,7 @@ def test_probe_counts_and_profiles_the_layouts_of_recorded_episodes(
     trajectories = roll / "trajectories.jsonl"
 
     def probe(*args: str) -> list[str]:
-        done = subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "probe_layouts.py"), *args],
-            capture_output=True, text=True, timeout=300, check=False,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr[-2000:]
-        return done.stdout.splitlines()
+        return run_script("probe_layouts.py", *args).splitlines()
 
     counts = probe("--tokens", str(trajectories))
     assert counts[0].startswith("2 episodes in 1 groups")
@@ -48,30 +53,20 @@ def test_probe_counts_and_profiles_the_layouts_of_recorded_episodes(
 
 
 def test_attention_probe_times_the_mask_against_the_two_kinds_without_one() -> None:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "probe_attention.py"), "24", "8", "2", "1"],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = [line.split() for line in done.stdout.splitlines()[1:4]]
+    out = run_script("probe_attention.py", "24", "8", "2", "1", timeout=120)
+    rows = [line.split() for line in out.splitlines()[1:4]]
     assert [r[0] for r in rows] == ["mask", "nomask", "twopart"]
     assert rows[0][3] == "x1.00" and all(float(r[1]) > 0 for r in rows)
 
 
 def test_sft_step_probe_times_and_profiles_both_precisions() -> None:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "probe_sft_step.py"), "48", "8", "--profile", "--casts"],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    timed = [line for line in done.stdout.splitlines() if line.startswith("mixed_precision=")]
+    out = run_script("probe_sft_step.py", "48", "8", "--profile", "--casts")
+    timed = [line for line in out.splitlines() if line.startswith("mixed_precision=")]
     assert [line.split(":")[0] for line in timed] == ["mixed_precision=no", "mixed_precision=bf16"]
-    assert (
-        sum(line.startswith("Self CPU time total") for line in done.stdout.splitlines()) == 2
-    )  # a table each
+    assert sum(line.startswith("Self CPU time total") for line in out.splitlines()) == 2  # a table each
     casts = {
         line.split(":")[0]: [int(n) for n in re.findall(r"(\d+) calls", line)]
-        for line in done.stdout.splitlines()
+        for line in out.splitlines()
         if line.startswith("casts ")
     }
     # float32 casts no weight; bf16 autocast rounds each of SmolLM2's 30 x 7 frozen projections, the LM head and
@@ -81,12 +76,7 @@ def test_sft_step_probe_times_and_profiles_both_precisions() -> None:
 
 
 def test_sft_step_probe_times_recorded_demonstrations_with_and_without_the_padding_limit() -> None:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "probe_sft_step.py"), "--demos", "1", "4096", "tiny"],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    lines = done.stdout.splitlines()
+    lines = run_script("probe_sft_step.py", "--demos", "1", "4096", "tiny").splitlines()
     assert lines[0].startswith("1 episodes,") and lines[1].startswith("packing: auto picks ")
     timed = {line.split()[0]: line.split() for line in lines[2:]}
     assert list(timed) == ["padded", "shared", "shared-unlimited"]
