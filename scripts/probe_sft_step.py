@@ -3,6 +3,7 @@
     python scripts/probe_sft_step.py [LENGTH] [LOSS_TOKENS] [--profile] [--casts] [--compile]
     python scripts/probe_sft_step.py 2048 600 --profile
     python scripts/probe_sft_step.py --demos TASKS [MAX_SEQ_LEN] [MODEL]
+    python scripts/probe_sft_step.py --trainers [bf16|fp32] [MODEL]
 
 One LoRA (r = 16) supervised step of SmolLM2-135M-Instruct on a single row of LENGTH random token ids, the
 loss on its last LOSS_TOKENS, through the SFT path's own update (:func:`ctxrl.train.update.nll_backward` on
@@ -21,10 +22,17 @@ TASKS train-split `short` retention tasks (as ``ctxrl bench smollm2`` records th
 MAX_SEQ_LEN (default 4,096, configs/sft_smollm2_ladder.yaml's) in one step (which it names the layout
 ``packing: auto`` picks for) — timed under bfloat16 autocast
 in three layouts: ``padded`` (rows of alike length batched), ``shared`` (the trie) and
-``shared-unlimited`` (the trie with rows batched however much padding they take, as before
-:data:`ctxrl.train.rows.PAD_SLACK`). Each prints its suffix batches (lines × width), tokens through the
+``shared-unlimited`` (the trie with rows batched however much padding they take, ``slack=math.inf``, as
+before :data:`ctxrl.train.rows.PAD_SLACK`). Each prints its suffix batches (lines × width), tokens through the
 model, seconds of one step after an untimed one, and row tokens a second (the SFT figures' unit). MODEL:
 ``smollm2-135m-instruct`` (default) or ``tiny``. Used for the "Tenth run" section.
+
+``--trainers [bf16|fp32]``: the bench's SFT comparison at configs/sft_smollm2.yaml's sizes alone (``ctxrl
+bench smollm2``'s ``sft_speedup``: :func:`ctxrl.commands.bench_train._sft_speedup` with the one-sequence setup,
+4 steps of each trainer on 2 recorded demonstrations, eager, under bfloat16 autocast or in float32), without
+the bench's GRPO step or its preloading: the process runs with the ``LD_PRELOAD`` it is given (printed first),
+so one allocator or OpenMP runtime can be compared with another. Prints both trainers' tokens a second and
+the two ratios. Used for the "Eleventh run" section.
 """
 
 from __future__ import annotations
@@ -63,29 +71,19 @@ def count_casts(step: Callable[[], object]) -> dict[str, tuple[int, float]]:
 
 def demo_layouts(tasks: int, max_seq_len: int, name: str) -> None:
     """The ``--demos`` mode (module docstring)."""
+    import math
     import tempfile
     from pathlib import Path
 
-    import ctxrl.train.rows as rows_module
-    from ctxrl.env.policies import make_policy
-    from ctxrl.env.tasks.registry import make_task
+    from ctxrl.commands.bench_train import scripted_demonstrations
     from ctxrl.env.tokenizer import load_tokenizer_dir
-    from ctxrl.train.engines import EngineConfig, SamplingConfig, make_engine
-    from ctxrl.train.engines.scripted import text_policy
-    from ctxrl.train.rollout import RolloutConfig, rollout
-    from ctxrl.train.rows import build_layout, layout_kind
+    from ctxrl.train.rows import PAD_SLACK, build_layout, layout_kind
     from ctxrl.train.sft import sft_examples, sft_rows
 
     with tempfile.TemporaryDirectory(prefix="probe-sft-") as tmp:
         folder = get_model(name, Path(tmp) / "model" if name == "tiny" else None)
         tokenizer = load_tokenizer_dir(folder)
-        policy = text_policy(make_policy("file-manager"), tokenizer)
-        engine = make_engine(EngineConfig(name="scripted"), folder, tokenizer=tokenizer, policy=policy)
-        chosen = [make_task("retention", seed, "short", split="train") for seed in range(1, tasks + 1)]
-        demos = rollout(
-            engine, tokenizer, chosen, RolloutConfig(group_size=1, mode="file"),
-            sampling=SamplingConfig(max_new_tokens=4096),
-        ).episodes  # fmt: skip
+        demos = scripted_demonstrations(folder, tokenizer, range(1, tasks + 1), "short")
         rows = sft_rows(sft_examples(demos, max_seq_len=max_seq_len, successful_only=False)[0])
         row_tokens = sum(len(r) for r in rows)
         n_loss = float(sum(r.num_loss_tokens for r in rows))
@@ -95,17 +93,12 @@ def demo_layouts(tasks: int, max_seq_len: int, name: str) -> None:
         model = load_policy(folder, TrainConfig(lora=LoraSettings(enabled=True, dropout=0.0))).train()
         auto = make_layout(rows, "auto", max_seq_len, 0, layout_sizes(model), packs=True)
         print(f"packing: auto picks {layout_kind(auto)}")
-        limit = rows_module.PAD_SLACK
         for label, kind, slack in (
-            ("padded", "padded", limit),
-            ("shared", "shared", limit),
-            ("shared-unlimited", "shared", float("inf")),
+            ("padded", "padded", PAD_SLACK),
+            ("shared", "shared", PAD_SLACK),
+            ("shared-unlimited", "shared", math.inf),
         ):
-            rows_module.PAD_SLACK = slack
-            try:
-                units = build_layout(rows, kind, max_seq_len, 0)
-            finally:
-                rows_module.PAD_SLACK = limit
+            units = build_layout(rows, kind, max_seq_len, 0, slack=slack)
             shapes = [tuple(mb.input_ids.shape) for u in units for mb in u.all_batches()]
             tokens = sum(u.num_tokens for u in units)
             with precision_context("bf16", "cpu"):
@@ -120,7 +113,27 @@ def demo_layouts(tasks: int, max_seq_len: int, name: str) -> None:
             )
 
 
+def trainers(precision: str, name: str) -> None:
+    """The ``--trainers`` mode (module docstring)."""
+    import os
+    import tempfile
+    from dataclasses import replace
+    from pathlib import Path
+
+    from ctxrl.commands.bench_train import SMOL, SMOL_QUICK, _sft_speedup
+
+    sizes = replace(SMOL_QUICK if name == "tiny" else SMOL, precision=precision)
+    print(f"LD_PRELOAD={os.environ.get('LD_PRELOAD', '')}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="probe-sft-") as tmp:
+        figures = _sft_speedup(sizes, Path(tmp), steps=2 if name == "tiny" else 4, setups=("",))
+    for key in ("sft_tokens_per_s", "sft_trl_tokens_per_s", "sft_speedup", "sft_steady_speedup"):
+        print(f"{key} {figures[key]:.3f}", flush=True)
+
+
 def main(argv: list[str]) -> None:
+    if argv[:1] == ["--trainers"]:
+        trainers(argv[1] if len(argv) > 1 else "bf16", argv[2] if len(argv) > 2 else "smollm2-135m-instruct")
+        return
     if argv[:1] == ["--demos"]:
         demo_layouts(
             int(argv[1]),

@@ -3,6 +3,7 @@ rotted once: a renamed config accessor broke it with nothing in the suite to not
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -83,3 +84,20 @@ def test_sft_step_probe_times_recorded_demonstrations_with_and_without_the_paddi
     assert all(float(t[1]) > 0 for t in timed.values())
     # the limit only ever splits a batch: never more tokens through the model than without it
     assert int(timed["shared"][3]) <= int(timed["shared-unlimited"][3])
+
+
+@pytest.mark.slow
+def test_sft_step_probe_compares_the_trainers_under_the_preload_it_is_given() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "probe_sft_step.py"), "--trainers", "fp32", "tiny"],
+        capture_output=True, text=True, timeout=600, check=False,
+        env={**os.environ, "LD_PRELOAD": ""},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines[0] == "LD_PRELOAD="
+    figures = {line.split()[0]: float(line.split()[1]) for line in lines[1:] if line.startswith("sft_")}
+    assert list(figures) == ["sft_tokens_per_s", "sft_trl_tokens_per_s", "sft_speedup", "sft_steady_speedup"]
+    assert figures["sft_tokens_per_s"] > 0 and figures["sft_trl_tokens_per_s"] > 0
+    ratio = figures["sft_tokens_per_s"] / figures["sft_trl_tokens_per_s"]
+    assert figures["sft_speedup"] == pytest.approx(ratio, rel=1e-3)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import numpy as np
@@ -9,8 +10,10 @@ import pytest
 
 from ctxrl.errors import UsageError
 from ctxrl.train.rows import (
+    PAD_SLACK,
     LayoutSizes,
     Row,
+    build_layout,
     cheapest_layout,
     common_prefix_len,
     episode_rows,
@@ -195,6 +198,22 @@ def test_a_row_joins_a_padded_batch_only_when_its_padding_is_small() -> None:
     # within the limit (an eighth of the width, or 64 tokens for narrow batches) rows share a batch
     rows = [row(941, 0), row(830, 1), row(60, 2), row(3, 3)]
     assert [mb.input_ids.shape for mb in pad_rows(rows, 4096, 0)] == [(2, 941), (2, 60)]
+
+
+def test_the_padding_limit_is_a_parameter_of_every_padded_layout() -> None:
+    # without a limit (slack=inf) rows fill a batch up to max_tokens, however much padding they take: the
+    # layout before the limit, which scripts/probe_sft_step.py --demos times as "shared-unlimited"
+    rows = [row(941, 0), row(780, 1), row(300, 2)]
+    assert [mb.input_ids.shape for mb in pad_rows(rows, 4096, 0, slack=math.inf)] == [(3, 941)]
+    # the shared layout hands it to the suffix batches under its prefix, at every depth of the trie
+    suffixed = shared_rows(500, [941, 780, 300])
+    for slack, shapes in ((PAD_SLACK, [(1, 941), (1, 780), (1, 300)]), (math.inf, [(3, 941)])):
+        (unit,) = build_layout(suffixed, "shared", 4096, 0, slack=slack)
+        assert unit.prefix_len == 500 and [mb.input_ids.shape for mb in unit.batches] == shapes
+    # and so does the padded layout of the whole rows (1,441, 1,280 and 800 tokens: the 800 pads by 641)
+    for slack, shapes in ((PAD_SLACK, [(2, 1441), (1, 800)]), (math.inf, [(3, 1441)])):
+        padded = build_layout(suffixed, "padded", 8192, 0, slack=slack)
+        assert [mb.input_ids.shape for u in padded for mb in u.batches] == shapes
 
 
 def shared_rows(prefix: int, suffixes: list[int], group: int = 0) -> list[Row]:

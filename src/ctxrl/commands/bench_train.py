@@ -900,58 +900,76 @@ SFT_SETUPS = {
   (``sft.steps_by: episode``); TRL at 4,096-token sequences of 16k tokens a step."""
 
 
-def _sft_speedup(sizes: StepSizes, tmp: Path, *, steps: int) -> dict[str, float]:
-    """The SFT path against TRL's ``SFTTrainer`` on the same demonstrations, in each of :data:`SFT_SETUPS`
-    (LoRA r = 16 without dropout, no gradient checkpointing, as configs/sft_smollm2*.yaml): the scripted file
-    manager's episodes of train tasks, recorded with the model's tokenizer; ``steps`` optimiser steps each,
-    tokens per second of training."""
+def scripted_demonstrations(
+    model_dir: Path, tokenizer: Any, seeds: Sequence[int], difficulty: str, *, max_steps: int | None = None
+) -> list[EpisodeRecord]:
+    """The scripted file manager's file-mode episodes of the train-split retention tasks ``seeds`` at
+    ``difficulty``, one each, recorded through the rollout loop with ``tokenizer`` (the SFT benches' and
+    ``scripts/probe_sft_step.py``'s demonstrations); ``max_steps`` caps each episode."""
     from ctxrl.env.policies import make_policy
     from ctxrl.env.tasks.registry import make_task
-    from ctxrl.env.tokenizer import load_tokenizer_dir
-    from ctxrl.train.config import LoraSettings
     from ctxrl.train.engines import EngineConfig, make_engine
     from ctxrl.train.engines.scripted import text_policy
-    from ctxrl.train.models import get_model
     from ctxrl.train.rollout import RolloutConfig, rollout
-    from ctxrl.train.sft import SFTConfig, sft_examples, train_sft
 
-    model_dir = get_model(sizes.model, tmp / "step-model" if sizes.model == "tiny" else None)
-    tokenizer = load_tokenizer_dir(model_dir)
     policy = text_policy(make_policy("file-manager"), tokenizer)
     engine = make_engine(EngineConfig(name="scripted"), model_dir, tokenizer=tokenizer, policy=policy)
-    tasks = [make_task("retention", seed, sizes.difficulty, split="train") for seed in (1, 2, 3, 4)]
-    demos = rollout(
+    tasks = [make_task("retention", seed, difficulty, split="train") for seed in seeds]
+    return rollout(
         engine,
         tokenizer,
         tasks,
-        RolloutConfig(group_size=1, mode="file", max_steps=sizes.max_steps),
+        RolloutConfig(group_size=1, mode="file", max_steps=max_steps),
         sampling=SamplingConfig(max_new_tokens=4096),
     ).episodes
-    figures: dict[str, float] = {}
-    trl_runs: dict[str, Any] = {}
-    for suffix, setup in SFT_SETUPS.items():
+
+
+def _sft_speedup(
+    sizes: StepSizes, tmp: Path, *, steps: int, setups: Sequence[str] = tuple(SFT_SETUPS)
+) -> dict[str, float]:
+    """The SFT path against TRL's ``SFTTrainer`` on the same demonstrations, in each of ``setups`` (keys of
+    :data:`SFT_SETUPS`, a setup's ``trl_from`` before it; LoRA r = 16 without dropout, no gradient
+    checkpointing, as configs/sft_smollm2*.yaml): the scripted file manager's episodes of train tasks
+    (:func:`scripted_demonstrations`); ``steps`` optimiser steps each, tokens per second of training."""
+    from ctxrl.env.tokenizer import load_tokenizer_dir
+    from ctxrl.train.config import LoraSettings
+    from ctxrl.train.models import get_model
+    from ctxrl.train.sft import SFTConfig, SFTResult, sft_examples, train_sft
+
+    model_dir = get_model(sizes.model, tmp / "step-model" if sizes.model == "tiny" else None)
+    tokenizer = load_tokenizer_dir(model_dir)
+    most = max(SFT_SETUPS[suffix].tasks for suffix in setups)
+    demos = scripted_demonstrations(
+        model_dir, tokenizer, range(1, most + 1), sizes.difficulty, max_steps=sizes.max_steps
+    )
+
+    def train(suffix: str, trainer: Literal["ctxrl", "trl"]) -> SFTResult:
+        setup = SFT_SETUPS[suffix]
         examples, _ = sft_examples(demos[: setup.tasks], max_seq_len=setup.max_seq_len, successful_only=False)
-        results = {}
-        if setup.trl_from is not None:
+        config = SFTConfig(
+            trainer=trainer,
+            lr=1e-3,
+            max_steps=steps,
+            max_seq_len=setup.max_seq_len,
+            batch_tokens=setup.batch_tokens,
+            steps_by=setup.steps_by if trainer == "ctxrl" else "example",
+            lora=LoraSettings(enabled=True, r=16, alpha=32, dropout=0.0),
+            mixed_precision="bf16" if sizes.precision == "bf16" else "no",
+            compile=sizes.compile and trainer == "ctxrl",
+        )
+        return train_sft(config, model_dir, examples, tmp / f"sft{suffix}-{trainer}", progress=False)
+
+    figures: dict[str, float] = {}
+    trl_runs: dict[str, SFTResult] = {}
+    for suffix in setups:
+        setup = SFT_SETUPS[suffix]
+        ours = train(suffix, "ctxrl")
+        if setup.trl_from is None:
+            trl = train(suffix, "trl")
+        else:
+            assert setup.trl_from in trl_runs, f"setup {suffix!r} needs {setup.trl_from!r} run before it"
             assert SFT_SETUPS[setup.trl_from].tasks == setup.tasks, "the same demonstrations"
-            results["trl"] = trl_runs[setup.trl_from]
-        for trainer in ("ctxrl", "trl"):
-            if trainer in results:
-                continue
-            config = SFTConfig(
-                trainer=trainer,
-                lr=1e-3,
-                max_steps=steps,
-                max_seq_len=setup.max_seq_len,
-                batch_tokens=setup.batch_tokens,
-                steps_by=setup.steps_by if trainer == "ctxrl" else "example",
-                lora=LoraSettings(enabled=True, r=16, alpha=32, dropout=0.0),
-                mixed_precision="bf16" if sizes.precision == "bf16" else "no",
-                compile=sizes.compile and trainer == "ctxrl",
-            )
-            out = tmp / f"sft{suffix}-{trainer}"
-            results[trainer] = train_sft(config, model_dir, examples, out, progress=False)
-        ours, trl = results["ctxrl"], results["trl"]
+            trl = trl_runs[setup.trl_from]
         trl_runs[suffix] = trl
         figures[f"sft_speedup{suffix}"] = ours.tokens_per_s / trl.tokens_per_s
         figures[f"sft_tokens_per_s{suffix}"] = ours.tokens_per_s

@@ -309,11 +309,14 @@ PAD_SLACK_TOKENS = 64
 supervised step, bfloat16 on a 2-core CPU: ~190 ms, what ~75 tokens cost)."""
 
 
-def pad_rows(rows: Sequence[Row], max_tokens: int, pad_id: int) -> list[Microbatch]:
+def pad_rows(
+    rows: Sequence[Row], max_tokens: int, pad_id: int, *, slack: float = PAD_SLACK
+) -> list[Microbatch]:
     """Batch ``rows`` with right padding so that ``rows × longest <= max_tokens`` per batch.
 
     Rows are sorted by length (longest first) and cut into consecutive runs, so rows of similar length share
-    a batch; a row that would be padded by more than :data:`PAD_SLACK` of the width starts a new batch.
+    a batch; a row that would be padded by more than ``slack`` of the width (and more than
+    :data:`PAD_SLACK_TOKENS`) starts a new batch (``slack=math.inf``: batches fill up to ``max_tokens``).
 
     >>> a = Row([1, 2, 3], [0, 0, 1], [0, 0, -0.5], [0, 0, 2.0], [0, 0, 0], [(2, 3)], 0, 0, (0,))
     >>> b = Row([4, 5], [0, 1], [0, -0.1], [0, 1.0], [0, 1], [(1, 2)], 1, 0, (0,))
@@ -329,7 +332,7 @@ def pad_rows(rows: Sequence[Row], max_tokens: int, pad_id: int) -> list[Microbat
         width = len(rows[groups[-1][0]]) if groups else 0
         padding = width - len(rows[i])
         fits = groups and (len(groups[-1]) + 1) * width <= max_tokens
-        if fits and padding <= max(PAD_SLACK * width, PAD_SLACK_TOKENS):
+        if fits and padding <= max(slack * width, PAD_SLACK_TOKENS):
             groups[-1].append(i)
         else:
             groups.append([i])
@@ -432,7 +435,7 @@ def common_prefix_len(rows: Sequence[Row]) -> int:
 
 
 def _suffix_batches(
-    rows: Sequence[Row], members: Sequence[int], prefix: int, max_tokens: int, pad_id: int
+    rows: Sequence[Row], members: Sequence[int], prefix: int, max_tokens: int, pad_id: int, slack: float
 ) -> list[Microbatch]:
     """The suffixes (from ``prefix`` on) of ``rows[members]`` as padded ``shared`` microbatches."""
     cut = {
@@ -451,7 +454,7 @@ def _suffix_batches(
     }
     local = list(members)
     out = []
-    for mb in pad_rows([cut[i] for i in local], max_tokens, pad_id):
+    for mb in pad_rows([cut[i] for i in local], max_tokens, pad_id, slack=slack):
         out.append(
             replace(
                 mb,
@@ -489,7 +492,8 @@ def _trie_node(
     min_prefix: int,
     group: int,
     depth: int,
-    max_depth: int = MAX_TRIE_DEPTH,
+    max_depth: int,
+    slack: float,
 ) -> LayoutUnit:
     """The node for ``rows[members]``, which share ``input_ids[:offset]``: its prefix runs to their common
     prefix (:func:`common_prefix_len`). A row whose first loss token comes right after that prefix cannot
@@ -509,7 +513,7 @@ def _trie_node(
     for cluster in clusters.values():
         if len(cluster) > 1 and depth < max_depth:
             child = _trie_node(
-                rows, cluster, end, max_tokens, pad_id, min_prefix, group, depth + 1, max_depth
+                rows, cluster, end, max_tokens, pad_id, min_prefix, group, depth + 1, max_depth, slack
             )
             if _saved(child) >= max(min_prefix, 1):
                 children.append(child)
@@ -517,7 +521,9 @@ def _trie_node(
         direct.extend(cluster)
     return LayoutUnit(
         prefix_ids=np.asarray([rows[members[0]].input_ids[offset:end]], dtype=np.int64),
-        batches=tuple(_suffix_batches(rows, sorted(direct), end, max_tokens, pad_id)) if direct else (),
+        batches=tuple(_suffix_batches(rows, sorted(direct), end, max_tokens, pad_id, slack))
+        if direct
+        else (),
         group=group,
         children=tuple(children),
         offset=offset,
@@ -531,6 +537,7 @@ def share_prefixes(
     *,
     min_prefix: int = MIN_SHARED_PREFIX,
     max_depth: int = MAX_TRIE_DEPTH,
+    slack: float = PAD_SLACK,
 ) -> list[LayoutUnit]:
     """One unit per group of ``rows``: the root of a trie over the group's rows. Its prefix is the group's
     common prefix (:func:`common_prefix_len`), computed once; below it, rows that go on alike (the rows of one
@@ -540,7 +547,8 @@ def share_prefixes(
     deepest node it belongs to. A group whose rows share fewer than ``min_prefix`` leading tokens (short rows
     of a copy task, say, where many small nodes would cost more passes than they save), or that has a single
     row, is padded as it is (one plain unit per microbatch). ``max_depth`` bounds the levels below the
-    group's (0: the group's prefix only). ``Microbatch.rows`` index into ``rows`` as for the other layouts.
+    group's (0: the group's prefix only); ``slack`` is :func:`pad_rows`'s, for every padded batch.
+    ``Microbatch.rows`` index into ``rows`` as for the other layouts.
 
     >>> a = Row([1, 2, 3, 4, 9], [0, 0, 0, 0, 1], [0.0] * 5, [0.0] * 5, [0] * 5, [(4, 5)], 0, 0, (0,))
     >>> b = Row([1, 2, 3, 7, 8, 9], [0, 0, 0, 0, 1, 1], [0.0] * 6, [0.0] * 6, [0] * 6, [(4, 6)], 1, 0, (0,))
@@ -558,9 +566,9 @@ def share_prefixes(
     for g, members in groups.items():
         chosen = [rows[i] for i in members]
         if len(chosen) > 1 and common_prefix_len(chosen) >= max(min_prefix, 1):
-            units.append(_trie_node(rows, members, 0, max_tokens, pad_id, min_prefix, g, 0, max_depth))
+            units.append(_trie_node(rows, members, 0, max_tokens, pad_id, min_prefix, g, 0, max_depth, slack))
             continue
-        for mb in pad_rows(chosen, max_tokens, pad_id):
+        for mb in pad_rows(chosen, max_tokens, pad_id, slack=slack):
             units.extend(plain_units([replace(mb, rows=tuple(members[j] for j in mb.rows))]))
     return units
 
@@ -621,13 +629,16 @@ def layout_flops(units: Sequence[LayoutUnit], sizes: LayoutSizes) -> float:
 LayoutKind = Literal["packed", "padded", "shared"]
 
 
-def build_layout(rows: Sequence[Row], kind: LayoutKind, max_tokens: int, pad_id: int) -> list[LayoutUnit]:
-    """``rows`` in one layout: packed lines, padded batches, or shared prefixes with padded suffixes."""
+def build_layout(
+    rows: Sequence[Row], kind: LayoutKind, max_tokens: int, pad_id: int, *, slack: float = PAD_SLACK
+) -> list[LayoutUnit]:
+    """``rows`` in one layout: packed lines, padded batches, or shared prefixes with padded suffixes
+    (``slack``: :func:`pad_rows`'s)."""
     if kind == "packed":
         return plain_units(pack_rows(rows, max_tokens))
     if kind == "padded":
-        return plain_units(pad_rows(rows, max_tokens, pad_id))
-    return share_prefixes(rows, max_tokens, pad_id)
+        return plain_units(pad_rows(rows, max_tokens, pad_id, slack=slack))
+    return share_prefixes(rows, max_tokens, pad_id, slack=slack)
 
 
 def cheapest_layout(
