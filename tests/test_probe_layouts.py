@@ -14,11 +14,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_script(name: str, *args: str, timeout: int = 300) -> str:
-    """``scripts/NAME ARGS`` in a fresh interpreter: its stdout, after checking that it succeeded."""
+def run_script(name: str, *args: str, timeout: int = 300, env: dict[str, str] | None = None) -> str:
+    """``scripts/NAME ARGS`` in a fresh interpreter (``env``: its environment, default this one's): its
+    stdout, after checking that it succeeded."""
     done = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / name), *args],
-        capture_output=True, text=True, timeout=timeout, check=False,
+        capture_output=True, text=True, timeout=timeout, check=False, env=env,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
@@ -88,13 +89,8 @@ def test_sft_step_probe_times_recorded_demonstrations_with_and_without_the_paddi
 
 @pytest.mark.slow
 def test_sft_step_probe_compares_the_trainers_under_the_preload_it_is_given() -> None:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "probe_sft_step.py"), "--trainers", "fp32", "tiny"],
-        capture_output=True, text=True, timeout=600, check=False,
-        env={**os.environ, "LD_PRELOAD": ""},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    lines = done.stdout.splitlines()
+    env = {**os.environ, "LD_PRELOAD": ""}
+    lines = run_script("probe_sft_step.py", "--trainers", "fp32", "tiny", timeout=600, env=env).splitlines()
     assert lines[0] == "LD_PRELOAD="
     figures = {line.split()[0]: float(line.split()[1]) for line in lines[1:] if line.startswith("sft_")}
     assert list(figures) == ["sft_tokens_per_s", "sft_trl_tokens_per_s", "sft_speedup", "sft_steady_speedup"]

@@ -205,11 +205,19 @@ def test_the_padding_limit_is_a_parameter_of_every_padded_layout() -> None:
     # layout before the limit, which scripts/probe_sft_step.py --demos times as "shared-unlimited"
     rows = [row(941, 0), row(780, 1), row(300, 2)]
     assert [mb.input_ids.shape for mb in pad_rows(rows, 4096, 0, slack=math.inf)] == [(3, 941)]
-    # the shared layout hands it to the suffix batches under its prefix, at every depth of the trie
+    # the shared layout hands it to the suffix batches under its prefix
     suffixed = shared_rows(500, [941, 780, 300])
     for slack, shapes in ((PAD_SLACK, [(1, 941), (1, 780), (1, 300)]), (math.inf, [(3, 941)])):
         (unit,) = build_layout(suffixed, "shared", 4096, 0, slack=slack)
         assert unit.prefix_len == 500 and [mb.input_ids.shape for mb in unit.batches] == shapes
+    # and to a node below it: two of the rows go on alike for 100 tokens more (a child of the root prefix)
+    nested = shared_rows(500, [100 + 941, 100 + 300, 200])
+    for r in nested[:2]:
+        r.input_ids[500:600] = [9] * 100
+    for slack, shapes in ((PAD_SLACK, [(1, 941), (1, 300)]), (math.inf, [(2, 941)])):
+        (root,) = build_layout(nested, "shared", 4096, 0, slack=slack)
+        (child,) = root.children
+        assert child.prefix_len == 100 and [mb.input_ids.shape for mb in child.batches] == shapes
     # and so does the padded layout of the whole rows (1,441, 1,280 and 800 tokens: the 800 pads by 641)
     for slack, shapes in ((PAD_SLACK, [(2, 1441), (1, 800)]), (math.inf, [(3, 1441)])):
         padded = build_layout(suffixed, "padded", 8192, 0, slack=slack)
