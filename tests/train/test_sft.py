@@ -465,6 +465,38 @@ def test_episode_steps_keep_each_episodes_examples_together_in_order() -> None:
     assert any(len({ex[i].episode for i in s}) > 1 for s in mixed)
 
 
+def test_row_steps_keep_each_rows_decision_copies_right_after_it() -> None:
+    # two episodes of three 20-token rows; rows 0 and 1 of each edited the context: two 15-token copies each
+    ex = []
+    for e in range(2):
+        for k in range(3):
+            ex.append(SFTExample([1] * 20, [0] * 19 + [1], e, (k,)))
+            if k < 2:
+                ex += [SFTExample([1] * 15, [0] * 14 + [1], e, (k,), decision=True)] * 2
+    cfg = SFTConfig(max_seq_len=20, batch_tokens=60, epochs=2, steps_by="row", decision_copies=2)
+    steps = sft_steps(ex, cfg)
+    assert sorted(i for s in steps for i in s) == sorted(list(range(len(ex))) * 2)
+    assert all(sum(len(ex[i].input_ids) for i in s) <= 60 for s in steps)
+    for half in (steps[: len(steps) // 2], steps[len(steps) // 2 :]):
+        order = [i for s in half for i in s]
+        rows = [i for i in order if not ex[i].decision]
+        assert len(rows) == 6 and rows != sorted(rows)  # the rows are shuffled, across episodes
+        for p, i in enumerate(order):  # each copy comes right after its row or the row's other copy
+            if ex[i].decision:
+                before = ex[order[p - 1]]
+                assert p > 0 and (before.episode, before.steps) == (ex[i].episode, ex[i].steps)
+        # and in its row's step: a row and its copies (50 tokens) go whole into a step when they fit in one
+        for s in half:
+            for i in s:
+                if ex[i].decision:
+                    assert any(
+                        not ex[j].decision and (ex[j].episode, ex[j].steps) == (ex[i].episode, ex[i].steps)
+                        for j in s
+                    )
+    with pytest.raises(ConfigError, match=r"steps_by: row needs sft\.trainer: ctxrl"):
+        SFTConfig(steps_by="row", trainer="trl")
+
+
 def test_lora_sft_saves_a_bf16_adapter_that_merges_into_the_saved_model_exactly(
     records: SimpleNamespace, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

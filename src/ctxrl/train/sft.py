@@ -60,12 +60,16 @@ class SFTConfig:
     batch_tokens: int = 16384
     """Tokens per optimiser step: gradients accumulate over ``batch_tokens // max_seq_len`` sequences of at
     most ``max_seq_len`` tokens each (packed sequences, or one row each when padded)."""
-    steps_by: Literal["example", "episode"] = "example"
+    steps_by: Literal["example", "row", "episode"] = "example"
     """How an epoch is cut into optimiser steps (:func:`sft_steps`). ``example``: the examples shuffled one by
-    one. ``episode``: the episodes shuffled, each episode's examples kept together and in order, as a
-    multi-turn SFT example keeps a whole conversation; the rows of one step then share their episode's pinned
-    prefix, which the ``ctxrl`` trainer computes once (``ctxrl bench smollm2``'s ``sft_speedup_episode_steps``).
-    The same examples and tokens per epoch either way; only which examples share a step changes."""
+    one. ``row``: each row shuffled with its decision copies (:attr:`decision_copies`) kept beside it, so a
+    copy (the row up to its last edit) shares the row's step and the ``ctxrl`` trainer computes its prompt
+    once for all of them. ``episode``: the episodes shuffled, each episode's examples kept together and in
+    order, as a multi-turn SFT example keeps a whole conversation; the rows of one step then share their
+    episode's pinned prefix, which the ``ctxrl`` trainer computes once (``ctxrl bench smollm2``'s
+    ``sft_speedup_episode_steps``). The same examples and tokens per epoch each way; only which examples share
+    a step changes. On the retention ladder both ``row`` and ``episode`` computed 30 % fewer tokens and taught
+    worse than ``example`` (docs/results/learning/README.md, "How the steps are cut")."""
     trainer: Literal["ctxrl", "trl"] = "ctxrl"
     """``ctxrl``: the GRPO trainer's own update (:func:`ctxrl.train.update.nll_backward`: shared prefixes, the
     LM head only at loss tokens) in a plain AdamW loop; ``trl``: TRL's ``SFTTrainer`` (the parity reference:
@@ -149,8 +153,10 @@ class SFTConfig:
                 f"sft.decision_copies and sft.heldout_episodes must be >= 0, got {self.decision_copies} "
                 f"and {self.heldout_episodes}"
             )
-        if self.steps_by == "episode" and self.trainer == "trl":
-            raise ConfigError("sft.steps_by: episode needs sft.trainer: ctxrl (TRL's sampler shuffles rows)")
+        if self.steps_by != "example" and self.trainer == "trl":
+            raise ConfigError(
+                f"sft.steps_by: {self.steps_by} needs sft.trainer: ctxrl (TRL's sampler shuffles examples)"
+            )
         if self.packing == "shared" and self.trainer == "trl":
             raise ConfigError("sft.packing: shared needs sft.trainer: ctxrl (TRL packs or pads rows)")
 
@@ -615,42 +621,49 @@ def save_adapter_bf16(model: Any, folder: Path) -> None:
 
 def sft_steps(examples: Sequence[SFTExample], config: SFTConfig) -> list[list[int]]:
     """The optimiser steps of a run, as lists of example indices: each epoch shuffles the examples (seeded
-    by ``config.seed`` and the epoch; with ``steps_by: episode`` the episodes, each one's examples kept
-    together in their order) and cuts them, in that order, into steps of at most ``config.batch_tokens``
-    tokens (an example longer than that alone). A fractional last epoch keeps the first part of its steps;
-    ``max_steps`` > 0 runs exactly that many (epochs repeat as needed).
+    by ``config.seed`` and the epoch; with ``steps_by: row`` each row with its decision copies after it, with
+    ``episode`` the episodes, each one's examples kept together in their order) and cuts them, in that order,
+    into steps of at most ``config.batch_tokens`` tokens (an example longer than that alone). A row and its
+    copies go whole into one step when they fit in one (into the next step if the current one lacks the
+    room); an episode's examples fill a step and go on in the next. A fractional last epoch keeps the first
+    part of its steps; ``max_steps`` > 0 runs exactly that many (epochs repeat as needed).
 
     >>> ex = [SFTExample([1] * n, [0] * (n - 1) + [1], e, (0,)) for n, e in ((6, 0), (5, 1), (4, 0), (3, 1))]
     >>> len(sft_steps(ex, SFTConfig(max_seq_len=8, batch_tokens=10, epochs=1)))
     2
     >>> sorted(sorted(step) for step in sft_steps(ex, SFTConfig(max_seq_len=8, batch_tokens=10, steps_by="episode")))
     [[0, 2], [1, 3]]
+    >>> row, copy = SFTExample([1] * 6, [0] * 5 + [1], 0, (0,)), SFTExample([1] * 5, [0] * 4 + [1], 0, (0,), True)
+    >>> sorted(sorted(step) for step in sft_steps([row, copy, ex[1]], SFTConfig(max_seq_len=8, batch_tokens=11, steps_by="row")))
+    [[0, 1], [2]]
     """
     import random
 
-    episodes: dict[int, list[int]] = {}
+    units: dict[object, list[int]] = {}  # what stays together: an example, a row and its copies, an episode
     for i, example in enumerate(examples):
-        episodes.setdefault(example.episode, []).append(i)
+        key = {"example": i, "row": (example.episode, example.steps), "episode": example.episode}
+        units.setdefault(key[config.steps_by], []).append(i)
 
     def epoch(k: int) -> list[list[int]]:
         rng = random.Random(config.seed * 1000 + k)
-        if config.steps_by == "episode":
-            keys = list(episodes)
-            rng.shuffle(keys)
-            order = [i for key in keys for i in episodes[key]]
-        else:
-            order = list(range(len(examples)))
-            rng.shuffle(order)
+        keys = list(units)
+        rng.shuffle(keys)
         steps: list[list[int]] = []
         used = 0
-        for i in order:
-            n = len(examples[i].input_ids)
-            if steps and used + n <= config.batch_tokens:
-                steps[-1].append(i)
-                used += n
-            else:
-                steps.append([i])
-                used = n
+        for key in keys:
+            members = units[key]
+            whole = (
+                config.steps_by == "row"
+                and sum(len(examples[i].input_ids) for i in members) <= config.batch_tokens
+            )
+            for piece in [members] if whole else [[i] for i in members]:
+                n = sum(len(examples[i].input_ids) for i in piece)
+                if steps and used + n <= config.batch_tokens:
+                    steps[-1].extend(piece)
+                    used += n
+                else:
+                    steps.append(list(piece))
+                    used = n
         return steps
 
     out: list[list[int]] = []
