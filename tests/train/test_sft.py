@@ -483,8 +483,9 @@ def test_row_steps_keep_each_rows_decision_copies_right_after_it() -> None:
         assert len(rows) == 6 and rows != sorted(rows)  # the rows are shuffled, across episodes
         for p, i in enumerate(order):  # each copy comes right after its row or the row's other copy
             if ex[i].decision:
+                assert p > 0
                 before = ex[order[p - 1]]
-                assert p > 0 and (before.episode, before.steps) == (ex[i].episode, ex[i].steps)
+                assert (before.episode, before.steps) == (ex[i].episode, ex[i].steps)
         # and in its row's step: a row and its copies (50 tokens) go whole into a step when they fit in one
         for s in half:
             for i in s:
