@@ -2,8 +2,11 @@
 and every figure is a finite positive number; ``bench all`` and the README table it generates; the preload
 decision (:mod:`ctxrl.commands.preload`) on hand-made library folders.
 
-``harness`` and ``env`` run in this process; ``bench all --quick`` runs every bench, ``rollout`` included
-(vLLM and transformers, twice: without and with the preload), as a command of its own (~3-4 minutes here).
+``harness``, ``env``, ``train`` and ``inflight`` run in this process. ``bench all --quick`` runs every bench,
+``rollout`` included (vLLM and transformers, twice: without and with the preload), as a command of its own,
+once for the module (~6 minutes here, the ``quick_all`` fixture); the tests of the heavier benches
+(``precision``, ``engine`` and the three ``smollm2`` ones) read their sections of that one report instead of
+running them a second time, so each bench's quick path runs once in the suite.
 
 Run: .venv/bin/python -m pytest tests/commands/test_bench.py -q
 """
@@ -15,8 +18,10 @@ import math
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -36,7 +41,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _figures(path: Path, flags: frozenset[str] = frozenset()) -> dict[str, float]:
     """The bench JSON at ``path``: finite positive figures, except ``flags``, which are 0 or 1."""
-    data = json.loads(path.read_text())
+    return _checked(json.loads(path.read_text()), flags)
+
+
+def _checked(data: Any, flags: frozenset[str] = frozenset()) -> dict[str, float]:
+    """``data``, a bench's figures: finite positive, except ``flags``, which are 0 or 1."""
     assert isinstance(data, dict)
     for key, value in data.items():
         if key in flags:
@@ -99,26 +108,63 @@ tail stays
 """
 
 
-@pytest.mark.slow
-@pytest.mark.vllm
-@pytest.mark.timeout(2400)  # four engine processes; a shared machine under load takes over 15 minutes
-def test_bench_all_quick_runs_every_bench_into_one_json_table_and_readme(tmp_path: Path) -> None:
-    out, table, readme = tmp_path / "all.json", tmp_path / "table.md", tmp_path / "README.md"
-    readme.write_text(README)
+@dataclass(frozen=True)
+class QuickAll:
+    """One ``ctxrl bench all --quick --json all.json --markdown table.md --readme README.md`` run, in
+    ``folder``."""
+
+    folder: Path
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def report(self) -> dict[str, Any]:
+        assert self.returncode == 0, self.stdout[-2000:] + self.stderr[-4000:]
+        report = json.loads((self.folder / "all.json").read_text())
+        assert isinstance(report, dict)
+        return report
+
+    def section(self, bench: str) -> dict[str, float]:
+        """Bench ``bench``'s figures in the report (what ``ctxrl bench NAME --quick --json`` writes), checked
+        finite and positive."""
+        return _checked(self.report()["benchmarks"][bench])
+
+
+@pytest.fixture(scope="module")
+def quick_all(tmp_path_factory: pytest.TempPathFactory) -> QuickAll:
+    folder = tmp_path_factory.mktemp("bench-all")
+    (folder / "README.md").write_text(README)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     env.pop("LD_PRELOAD", None)
-    command = [sys.executable, "-m", "ctxrl.cli", "bench", "all", "--quick", "--json", str(out)]
+    command = [sys.executable, "-m", "ctxrl.cli", "bench", "all", "--quick", "--json", "all.json"]
     done = subprocess.run(
-        [*command, "--markdown", str(table), "--readme", str(readme)],
-        cwd=tmp_path,
+        [*command, "--markdown", "table.md", "--readme", "README.md"],
+        cwd=folder,
         env=env,
         capture_output=True,
         text=True,
         timeout=2300,
         check=False,
     )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    report = json.loads(out.read_text())
+    return QuickAll(folder, done.returncode, done.stdout, done.stderr)
+
+
+TestFn = TypeVar("TestFn", bound=Callable[..., None])
+
+
+def reads_bench_all(test: TestFn) -> TestFn:
+    """The marks of a test that reads :func:`quick_all`'s run: whichever runs first waits for it (four engine
+    processes among the benches: a shared machine under load takes over 15 minutes)."""
+    marked: TestFn = pytest.mark.slow(pytest.mark.vllm(pytest.mark.timeout(2400)(test)))
+    return marked
+
+
+@reads_bench_all
+def test_bench_all_quick_runs_every_bench_into_one_json_table_and_readme(
+    quick_all: QuickAll, tmp_path: Path
+) -> None:
+    report = quick_all.report()
+    table, readme, done = quick_all.folder / "table.md", quick_all.folder / "README.md", quick_all
     assert set(report) == {
         "date",
         "command",
@@ -186,7 +232,7 @@ def test_bench_all_quick_runs_every_bench_into_one_json_table_and_readme(tmp_pat
     # regenerated from the JSON alone: the same README
     again = tmp_path / "README2.md"
     again.write_text(README)
-    assert main(["bench", "all", "--from", str(out), "--readme", str(again)]) == 0
+    assert main(["bench", "all", "--from", str(quick_all.folder / "all.json"), "--readme", str(again)]) == 0
     assert again.read_text() == text
 
 
@@ -503,10 +549,9 @@ def test_bench_train_quick_times_the_trainers_own_update(
     )
 
 
-def test_bench_precision_quick(tmp_path: Path) -> None:
-    out = tmp_path / "precision.json"
-    assert main(["bench", "precision", "--quick", "--json", str(out)]) == 0
-    figures = _figures(out)
+@reads_bench_all
+def test_bench_precision_quick(quick_all: QuickAll) -> None:
+    figures = quick_all.section("precision")
     assert set(figures) == {
         "bf16_matmul_speedup",
         "matmul_fp32_gflops",
@@ -537,12 +582,11 @@ def test_bench_precision_quick(tmp_path: Path) -> None:
         assert 0 < figures[f"{arm}_logprob_abs_diff_mean"] <= figures[f"{arm}_logprob_abs_diff_max"] < 1.0
 
 
-def test_bench_engine_quick(tmp_path: Path) -> None:
+@reads_bench_all
+def test_bench_engine_quick(quick_all: QuickAll) -> None:
     from ctxrl.commands.bench_engine import QUICK_SETTINGS
 
-    out = tmp_path / "engine.json"
-    assert main(["bench", "engine", "--quick", "--json", str(out)]) == 0
-    figures = _figures(out)
+    figures = quick_all.section("engine")
     expected = {"matmul_gflops"}
     for name in QUICK_SETTINGS:
         expected |= {f"engine_{name}_s", f"engine_{name}_flops_efficiency"}
@@ -626,10 +670,9 @@ def test_the_sft_setups_are_the_configs_sizes() -> None:
         ), name
 
 
-def test_bench_smollm2_bf16_quick(tmp_path: Path) -> None:
-    out = tmp_path / "smollm2_bf16.json"
-    assert main(["bench", "smollm2_bf16", "--quick", "--json", str(out)]) == 0
-    figures = _figures(out)
+@reads_bench_all
+def test_bench_smollm2_bf16_quick(quick_all: QuickAll) -> None:
+    figures = quick_all.section("smollm2_bf16")
     assert {
         "matmul_bf16_gflops",
         "update_flops_efficiency_vs_bf16",
@@ -643,13 +686,12 @@ def test_bench_smollm2_bf16_quick(tmp_path: Path) -> None:
     assert figures["sft_tokens_per_s"] > 0 and figures["sft_trl_tokens_per_s"] > 0
 
 
-def test_bench_smollm2_bf16_compiled_quick(tmp_path: Path) -> None:
+@reads_bench_all
+def test_bench_smollm2_bf16_compiled_quick(quick_all: QuickAll) -> None:
     """The compiled section: the first update pays the compilation, the timed one does not, and the SFT
     figures after the first step are the trainers' steady rates (the first SFT setup's: the later ones reuse
     its compiled graphs)."""
-    out = tmp_path / "smollm2_bf16_compiled.json"
-    assert main(["bench", "smollm2_bf16_compiled", "--quick", "--json", str(out)]) == 0
-    figures = _figures(out)
+    figures = quick_all.section("smollm2_bf16_compiled")
     assert figures["smollm2_first_update_s"] > 5 * figures["smollm2_update_s"]
     assert figures["smollm2_steady_step_s"] < figures["smollm2_step_s"]
     assert figures["sft_first_step_s"] > figures["sft_trl_first_step_s"]
@@ -657,10 +699,9 @@ def test_bench_smollm2_bf16_compiled_quick(tmp_path: Path) -> None:
     assert figures["sft_steady_speedup"] > figures["sft_speedup"]
 
 
-def test_bench_smollm2_quick(tmp_path: Path) -> None:
-    out = tmp_path / "smollm2.json"
-    assert main(["bench", "smollm2", "--quick", "--json", str(out)]) == 0
-    figures = _figures(out)
+@reads_bench_all
+def test_bench_smollm2_quick(quick_all: QuickAll) -> None:
+    figures = quick_all.section("smollm2")
     # the real-model section on the tiny model and the scripted file manager (no rollout FLOPs)
     assert set(figures) == {
         "smollm2_episodes",
