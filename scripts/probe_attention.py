@@ -2,6 +2,7 @@
 
     python scripts/probe_attention.py [PREFIX] [SUFFIX] [BATCH] [REPEATS]
     python scripts/probe_attention.py 1700 300 8 5
+    python scripts/probe_attention.py --kernels [LENGTH ...]
 
 In the shared-prefix layout (``ctxrl.train.update``) a microbatch of BATCH suffix lines of SUFFIX tokens
 attends to PREFIX cached tokens: transformers hands SDPA queries ``(B, H, S, D)``, keys and values
@@ -20,6 +21,16 @@ SmolLM2-135M's geometry (9 query heads of 64 over 3 key-value heads), forward an
 and prints milliseconds per layer (median of REPEATS after one warm-up) and each against ``mask``. The
 estimated attention share of a whole forward at these lengths is printed beside it, so the ratio can be read
 as a bound on the update's gain: used for the "attention" section of docs/train_throughput.md.
+
+``--kernels``: whether attention written as matmuls could beat the CPU flash kernel. For each LENGTH
+(default 256 512 1024 2048) one causal layer of that geometry (query heads, key-value heads already repeated),
+forward and backward under bfloat16, two ways: ``flash`` (SDPA with ``is_causal``, what every trainer here
+runs) and ``blocks`` (:class:`BlockAttention`: queries in blocks of 256 against their keys so far, the scores
+and products as bfloat16 matmuls at the matmul rate, the softmax in float32, a hand-written backward that
+recomputes the probabilities from the saved log-sum-exp: the flash-attention algorithm with the CPU's own
+matmuls as its tiles). Prints each one's milliseconds and attention GFLOP/s (forward 2 matmuls, backward 5
+with the recomputation, half the square each), after checking in float32 that ``blocks`` gives SDPA's output
+and gradients. Used for the "Thirteenth run" section of docs/train_throughput.md.
 """
 
 from __future__ import annotations
@@ -28,6 +39,8 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -107,7 +120,84 @@ def attention_share(prefix: int, suffix: int) -> float:
     return attention / (attention + 2 * PARAMS)
 
 
+class BlockAttention(torch.autograd.Function):
+    """Causal attention ``(B, H, T, D)`` → ``(B, H, T, D)`` in query blocks of ``block``, each against its
+    keys so far (the diagonal block masked): matmuls in the inputs' dtype, softmax in float32."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: int) -> torch.Tensor:
+        scale = q.shape[-1] ** -0.5
+        out = torch.empty_like(q)
+        lse = torch.empty(q.shape[:-1], dtype=torch.float32)
+        for s, e in _blocks(q.shape[2], block):
+            p = _scores(q, k, s, e, scale)
+            lse[:, :, s:e] = torch.logsumexp(p, -1)
+            p = p.sub_(lse[:, :, s:e, None]).exp_()
+            out[:, :, s:e] = torch.matmul(p.to(q.dtype), v[:, :, :e])
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.block, ctx.scale = block, scale
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        q, k, v, out, lse = ctx.saved_tensors
+        grad = grad.contiguous()
+        delta = (grad.float() * out.float()).sum(-1)  # rowsum(dO ∘ O): the softmax's backward term
+        dq = torch.empty_like(q)
+        dk = torch.zeros(k.shape, dtype=torch.float32)
+        dv = torch.zeros(v.shape, dtype=torch.float32)
+        for s, e in _blocks(q.shape[2], ctx.block):
+            p = _scores(q, k, s, e, ctx.scale).sub_(lse[:, :, s:e, None]).exp_()
+            dp = torch.matmul(grad[:, :, s:e], v[:, :, :e].transpose(-1, -2)).float()
+            ds = dp.sub_(delta[:, :, s:e, None]).mul_(p).mul_(ctx.scale).to(q.dtype)
+            dv[:, :, :e] += torch.matmul(p.to(q.dtype).transpose(-1, -2), grad[:, :, s:e])
+            dq[:, :, s:e] = torch.matmul(ds, k[:, :, :e])
+            dk[:, :, :e] += torch.matmul(ds.transpose(-1, -2), q[:, :, s:e])
+        return dq, dk.to(k.dtype), dv.to(v.dtype), None
+
+
+def _blocks(length: int, block: int) -> list[tuple[int, int]]:
+    return [(s, min(length, s + block)) for s in range(0, length, block)]
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor, s: int, e: int, scale: float) -> torch.Tensor:
+    """Float32 scores of queries ``s:e`` against keys ``:e``, the keys after each query at −inf."""
+    scores = torch.matmul(q[:, :, s:e], k[:, :, :e].transpose(-1, -2)).float().mul_(scale)
+    after = torch.arange(e)[None, :] > torch.arange(s, e)[:, None]
+    return scores.masked_fill_(after, float("-inf"))
+
+
+def kernels(lengths: list[int], repeats: int = 3, block: int = 256) -> None:
+    """The ``--kernels`` mode (module docstring)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, HEADS, 300, HEAD_DIM, generator=g, requires_grad=True) for _ in range(3))
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v))
+    out = BlockAttention.apply(q, k, v, 128)
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    error = max((a - b).abs().max().item() for a, b in zip((out, *grads), (ref, *ref_grads), strict=True))
+    print(f"blocks against SDPA, float32, 300 tokens: max abs difference {error:.1e}")
+    print(
+        f"one causal layer ({HEADS} heads of {HEAD_DIM}), forward + backward, bfloat16, median of {repeats}"
+    )
+    for length in lengths:
+        q, k, v = (
+            torch.randn(1, HEADS, length, HEAD_DIM, generator=g).bfloat16().requires_grad_() for _ in range(3)
+        )
+        flops = 7 * 2 * HEADS * HEAD_DIM * length * length / 2
+        runs: dict[str, Callable[[], torch.Tensor]] = {
+            "flash": partial(F.scaled_dot_product_attention, q, k, v, is_causal=True),
+            "blocks": partial(BlockAttention.apply, q, k, v, block),
+        }
+        for name, run in runs.items():
+            ms = time_ms(run, repeats)
+            print(f"{length:6d} {name:7s} {ms:8.1f} ms {flops / ms / 1e6:6.0f} GFLOP/s", flush=True)
+
+
 def main(argv: list[str]) -> None:
+    if argv[:1] == ["--kernels"]:
+        kernels([int(a) for a in argv[1:]] or [256, 512, 1024, 2048])
+        return
     prefix, suffix, batch, repeats = (int(a) for a in (argv + ["1700", "300", "8", "5"][len(argv) :]))
     print(f"prefix {prefix}, suffix {suffix} x {batch} lines, {torch.get_num_threads()} threads, "
           f"one layer forward + backward, median of {repeats}")  # fmt: skip

@@ -2,7 +2,7 @@
 
     python scripts/probe_sft_step.py [LENGTH] [LOSS_TOKENS] [--profile] [--casts] [--compile]
     python scripts/probe_sft_step.py 2048 600 --profile
-    python scripts/probe_sft_step.py --demos TASKS [MAX_SEQ_LEN] [MODEL]
+    python scripts/probe_sft_step.py --demos TASKS [MAX_SEQ_LEN] [MODEL] [--profile]
     python scripts/probe_sft_step.py --trainers [bf16|fp32] [MODEL]
 
 One LoRA (r = 16) supervised step of SmolLM2-135M-Instruct on a single row of LENGTH random token ids, the
@@ -25,7 +25,10 @@ in three layouts: ``padded`` (rows of alike length batched), ``shared`` (the tri
 ``shared-unlimited`` (the trie with rows batched however much padding they take, ``slack=math.inf``, as
 before :data:`ctxrl.train.rows.PAD_SLACK`). Each prints its suffix batches (lines × width), tokens through the
 model, seconds of one step after an untimed one, and row tokens a second (the SFT figures' unit). MODEL:
-``smollm2-135m-instruct`` (default) or ``tiny``. Used for the "Tenth run" section.
+``smollm2-135m-instruct`` (default) or ``tiny``. Used for the "Tenth run" section. With ``--profile`` it then
+runs one more step of the ``shared`` layout under torch's profiler and prints its table (top operators by self
+CPU time) and the attention kernels' share of the operators' time (SDPA forward and backward; the
+"Thirteenth run" section).
 
 ``--trainers [bf16|fp32]``: the bench's SFT comparison at configs/sft_smollm2.yaml's sizes alone (``ctxrl
 bench smollm2``'s ``sft_speedup``: :func:`ctxrl.commands.bench_train._sft_speedup` with the one-sequence setup,
@@ -69,7 +72,7 @@ def count_casts(step: Callable[[], object]) -> dict[str, tuple[int, float]]:
     return found
 
 
-def demo_layouts(tasks: int, max_seq_len: int, name: str) -> None:
+def demo_layouts(tasks: int, max_seq_len: int, name: str, profile: bool = False) -> None:
     """The ``--demos`` mode (module docstring)."""
     import math
     import tempfile
@@ -111,6 +114,18 @@ def demo_layouts(tasks: int, max_seq_len: int, name: str) -> None:
                 f"{label} {seconds:.2f} s {tokens} tokens {row_tokens / seconds:.1f} row tokens/s batches {shapes}",
                 flush=True,
             )
+        if profile:
+            from torch.profiler import ProfilerActivity
+            from torch.profiler import profile as run_profiler
+
+            units = build_layout(rows, "shared", max_seq_len, 0)
+            with precision_context("bf16", "cpu"), run_profiler(activities=[ProfilerActivity.CPU]) as prof:
+                nll_backward(model, units, num_loss_tokens=n_loss)
+            ops = prof.key_averages()
+            print(ops.table(sort_by="self_cpu_time_total", row_limit=12), flush=True)
+            attention = sum(op.self_cpu_time_total for op in ops if "scaled_dot_product" in op.key)
+            total = sum(op.self_cpu_time_total for op in ops)
+            print(f"attention {attention / total:.1%} of the shared step's operator time", flush=True)
 
 
 def trainers(precision: str, name: str) -> None:
@@ -135,10 +150,12 @@ def main(argv: list[str]) -> None:
         trainers(argv[1] if len(argv) > 1 else "bf16", argv[2] if len(argv) > 2 else "smollm2-135m-instruct")
         return
     if argv[:1] == ["--demos"]:
+        args = [a for a in argv if a != "--profile"]
         demo_layouts(
-            int(argv[1]),
-            int(argv[2]) if len(argv) > 2 else 4096,
-            argv[3] if len(argv) > 3 else "smollm2-135m-instruct",
+            int(args[1]),
+            int(args[2]) if len(args) > 2 else 4096,
+            args[3] if len(args) > 3 else "smollm2-135m-instruct",
+            profile="--profile" in argv,
         )
         return
     profile = "--profile" in argv

@@ -61,6 +61,17 @@ def test_attention_probe_times_the_mask_against_the_two_kinds_without_one() -> N
     assert rows[0][3] == "x1.00" and all(float(r[1]) > 0 for r in rows)
 
 
+def test_attention_probe_checks_its_block_attention_and_times_it_beside_the_flash_kernel() -> None:
+    out = run_script("probe_attention.py", "--kernels", "32", "96", timeout=120).splitlines()
+    error = float(out[0].rsplit(" ", 1)[1])
+    assert out[0].startswith("blocks against SDPA") and error < 1e-4  # the same attention and gradients
+    timed = [line.split() for line in out[2:]]
+    assert [(t[0], t[1]) for t in timed] == [
+        (n, kernel) for n in ("32", "96") for kernel in ("flash", "blocks")
+    ]
+    assert all(float(t[2]) > 0 for t in timed)
+
+
 def test_sft_step_probe_times_and_profiles_both_precisions() -> None:
     out = run_script("probe_sft_step.py", "48", "8", "--profile", "--casts")
     timed = [line for line in out.splitlines() if line.startswith("mixed_precision=")]
@@ -78,13 +89,16 @@ def test_sft_step_probe_times_and_profiles_both_precisions() -> None:
 
 
 def test_sft_step_probe_times_recorded_demonstrations_with_and_without_the_padding_limit() -> None:
-    lines = run_script("probe_sft_step.py", "--demos", "1", "4096", "tiny").splitlines()
+    lines = run_script("probe_sft_step.py", "--demos", "1", "4096", "tiny", "--profile").splitlines()
     assert lines[0].startswith("1 episodes,") and lines[1].startswith("packing: auto picks ")
-    timed = {line.split()[0]: line.split() for line in lines[2:]}
+    timed = {line.split()[0]: line.split() for line in lines[2:5]}
     assert list(timed) == ["padded", "shared", "shared-unlimited"]
     assert all(float(t[1]) > 0 for t in timed.values())
     # the limit only ever splits a batch: never more tokens through the model than without it
     assert int(timed["shared"][3]) <= int(timed["shared-unlimited"][3])
+    assert any(line.startswith("Self CPU time total") for line in lines[5:])  # the shared step's profile
+    share = float(lines[-1].split()[1].rstrip("%"))
+    assert lines[-1].startswith("attention ") and 0 < share < 100
 
 
 @pytest.mark.slow
