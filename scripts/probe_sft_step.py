@@ -3,7 +3,7 @@
     python scripts/probe_sft_step.py [LENGTH] [LOSS_TOKENS] [--profile] [--casts] [--compile]
     python scripts/probe_sft_step.py 2048 600 --profile
     python scripts/probe_sft_step.py --demos TASKS [MAX_SEQ_LEN] [MODEL] [--profile]
-    python scripts/probe_sft_step.py --trainers [bf16|fp32] [MODEL]
+    python scripts/probe_sft_step.py --trainers [bf16|fp32] [MODEL] [--ladder]
 
 One LoRA (r = 16) supervised step of SmolLM2-135M-Instruct on a single row of LENGTH random token ids, the
 loss on its last LOSS_TOKENS, through the SFT path's own update (:func:`ctxrl.train.update.nll_backward` on
@@ -35,7 +35,8 @@ bench smollm2``'s ``sft_speedup``: :func:`ctxrl.commands.bench_train._sft_speedu
 4 steps of each trainer on 2 recorded demonstrations, eager, under bfloat16 autocast or in float32), without
 the bench's GRPO step or its preloading: the process runs with the ``LD_PRELOAD`` it is given (printed first),
 so one allocator or OpenMP runtime can be compared with another. Prints both trainers' tokens a second and
-the two ratios. Used for the "Eleventh run" section.
+the two ratios. Used for the "Eleventh run" section. With ``--ladder`` the SFT path also runs at
+configs/sft_smollm2_ladder.yaml's sizes against that TRL run (the ``_ladder`` figures, "Thirteenth run").
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ def demo_layouts(tasks: int, max_seq_len: int, name: str, profile: bool = False)
             print(f"attention {attention / total:.1%} of the shared step's operator time", flush=True)
 
 
-def trainers(precision: str, name: str) -> None:
+def trainers(precision: str, name: str, ladder: bool = False) -> None:
     """The ``--trainers`` mode (module docstring)."""
     import os
     import tempfile
@@ -140,14 +141,21 @@ def trainers(precision: str, name: str) -> None:
     sizes = replace(SMOL_QUICK if name == "tiny" else SMOL, precision=precision)
     print(f"LD_PRELOAD={os.environ.get('LD_PRELOAD', '')}", flush=True)
     with tempfile.TemporaryDirectory(prefix="probe-sft-") as tmp:
-        figures = _sft_speedup(sizes, Path(tmp), steps=2 if name == "tiny" else 4, setups=("",))
-    for key in ("sft_tokens_per_s", "sft_trl_tokens_per_s", "sft_speedup", "sft_steady_speedup"):
-        print(f"{key} {figures[key]:.3f}", flush=True)
+        setups = ("", "_ladder") if ladder else ("",)
+        figures = _sft_speedup(sizes, Path(tmp), steps=2 if name == "tiny" else 4, setups=setups)
+    for suffix in setups:
+        for key in ("sft_tokens_per_s", "sft_trl_tokens_per_s", "sft_speedup", "sft_steady_speedup"):
+            print(f"{key}{suffix} {figures[key + suffix]:.3f}", flush=True)
 
 
 def main(argv: list[str]) -> None:
     if argv[:1] == ["--trainers"]:
-        trainers(argv[1] if len(argv) > 1 else "bf16", argv[2] if len(argv) > 2 else "smollm2-135m-instruct")
+        args = [a for a in argv if a != "--ladder"]
+        trainers(
+            args[1] if len(args) > 1 else "bf16",
+            args[2] if len(args) > 2 else "smollm2-135m-instruct",
+            ladder="--ladder" in argv,
+        )
         return
     if argv[:1] == ["--demos"]:
         args = [a for a in argv if a != "--profile"]

@@ -104,10 +104,15 @@ def test_sft_step_probe_times_recorded_demonstrations_with_and_without_the_paddi
 @pytest.mark.slow
 def test_sft_step_probe_compares_the_trainers_under_the_preload_it_is_given() -> None:
     env = {**os.environ, "LD_PRELOAD": ""}
-    lines = run_script("probe_sft_step.py", "--trainers", "fp32", "tiny", timeout=600, env=env).splitlines()
+    argv = ("--trainers", "fp32", "tiny", "--ladder")
+    lines = run_script("probe_sft_step.py", *argv, timeout=600, env=env).splitlines()
     assert lines[0] == "LD_PRELOAD="
     figures = {line.split()[0]: float(line.split()[1]) for line in lines[1:] if line.startswith("sft_")}
-    assert list(figures) == ["sft_tokens_per_s", "sft_trl_tokens_per_s", "sft_speedup", "sft_steady_speedup"]
-    assert figures["sft_tokens_per_s"] > 0 and figures["sft_trl_tokens_per_s"] > 0
-    ratio = figures["sft_tokens_per_s"] / figures["sft_trl_tokens_per_s"]
-    assert figures["sft_speedup"] == pytest.approx(ratio, rel=1e-3)
+    names = ["sft_tokens_per_s", "sft_trl_tokens_per_s", "sft_speedup", "sft_steady_speedup"]
+    assert list(figures) == names + [f"{name}_ladder" for name in names]
+    for suffix in ("", "_ladder"):
+        assert figures[f"sft_tokens_per_s{suffix}"] > 0 and figures[f"sft_trl_tokens_per_s{suffix}"] > 0
+        ratio = figures[f"sft_tokens_per_s{suffix}"] / figures[f"sft_trl_tokens_per_s{suffix}"]
+        assert figures[f"sft_speedup{suffix}"] == pytest.approx(ratio, rel=1e-3)
+    # the ladder's SFT path is measured against the one TRL run at configs/sft_smollm2.yaml's sizes
+    assert figures["sft_trl_tokens_per_s_ladder"] == figures["sft_trl_tokens_per_s"]
