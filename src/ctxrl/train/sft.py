@@ -644,6 +644,9 @@ def sft_steps(examples: Sequence[SFTExample], config: SFTConfig) -> list[list[in
         key = {"example": i, "row": (example.episode, example.steps), "episode": example.episode}
         units.setdefault(key[config.steps_by], []).append(i)
 
+    def size(piece: list[int]) -> int:
+        return sum(len(examples[i].input_ids) for i in piece)
+
     def epoch(k: int) -> list[list[int]]:
         rng = random.Random(config.seed * 1000 + k)
         keys = list(units)
@@ -652,12 +655,9 @@ def sft_steps(examples: Sequence[SFTExample], config: SFTConfig) -> list[list[in
         used = 0
         for key in keys:
             members = units[key]
-            whole = (
-                config.steps_by == "row"
-                and sum(len(examples[i].input_ids) for i in members) <= config.batch_tokens
-            )
+            whole = config.steps_by == "row" and size(members) <= config.batch_tokens
             for piece in [members] if whole else [[i] for i in members]:
-                n = sum(len(examples[i].input_ids) for i in piece)
+                n = size(piece)
                 if steps and used + n <= config.batch_tokens:
                     steps[-1].extend(piece)
                     used += n
