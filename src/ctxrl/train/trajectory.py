@@ -173,9 +173,7 @@ def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
     names = [f.name for f in fields(cls)]
     missing = [n for n in names if n not in data]
     if missing:
-        raise UsageError(
-            f"a {cls.__name__} record lacks {', '.join(missing)}; is this a ctxrl trajectory file?"
-        )
+        raise UsageError(f"{cls.__name__} lacks {', '.join(missing)}; is this a ctxrl trajectory file?")
     return {n: data[n] for n in names}
 
 
