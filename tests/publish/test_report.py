@@ -260,9 +260,7 @@ def test_bad_input_is_one_line_naming_file_and_line(
     not_record = tmp_path / "not_record"
     not_record.mkdir()
     (not_record / "trajectories.jsonl").write_text('{"task_id": "x"}\n')
-    assert "trajectories.jsonl:1: EpisodeRecord lacks family" in _error(
-        capsys, ["report", str(not_record)]
-    )
+    assert "trajectories.jsonl:1: EpisodeRecord lacks family" in _error(capsys, ["report", str(not_record)])
 
     metrics = tmp_path / "metrics"
     metrics.mkdir()
