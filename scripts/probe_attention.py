@@ -2,7 +2,7 @@
 
     python scripts/probe_attention.py [PREFIX] [SUFFIX] [BATCH] [REPEATS]
     python scripts/probe_attention.py 1700 300 8 5
-    python scripts/probe_attention.py --kernels [LENGTH ...]
+    python scripts/probe_attention.py --kernels [--fp32] [LENGTH ...]
 
 In the shared-prefix layout (``ctxrl.train.update``) a microbatch of BATCH suffix lines of SUFFIX tokens
 attends to PREFIX cached tokens: transformers hands SDPA queries ``(B, H, S, D)``, keys and values
@@ -30,7 +30,8 @@ and products as bfloat16 matmuls at the matmul rate, the softmax in float32, a h
 recomputes the probabilities from the saved log-sum-exp: the flash-attention algorithm with the CPU's own
 matmuls as its tiles). Prints each one's milliseconds and attention GFLOP/s (forward 2 matmuls, backward 5
 with the recomputation, half the square each), after checking in float32 that ``blocks`` gives SDPA's output
-and gradients. Used for the "Thirteenth run" section of docs/train_throughput.md.
+and gradients. Used for the "Thirteenth run" section of docs/train_throughput.md. With ``--fp32`` both run in
+float32 (configs/sft_smollm2*.yaml's precision; the "Fourteenth run" section).
 """
 
 from __future__ import annotations
@@ -167,7 +168,9 @@ def _scores(q: torch.Tensor, k: torch.Tensor, s: int, e: int, scale: float) -> t
     return scores.masked_fill_(after, float("-inf"))
 
 
-def kernels(lengths: list[int], repeats: int = 3, block: int = 256) -> None:
+def kernels(
+    lengths: list[int], repeats: int = 3, block: int = 256, dtype: torch.dtype = torch.bfloat16
+) -> None:
     """The ``--kernels`` mode (module docstring)."""
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, HEADS, 300, HEAD_DIM, generator=g, requires_grad=True) for _ in range(3))
@@ -178,11 +181,13 @@ def kernels(lengths: list[int], repeats: int = 3, block: int = 256) -> None:
     error = max((a - b).abs().max().item() for a, b in zip((out, *grads), (ref, *ref_grads), strict=True))
     print(f"blocks against SDPA, float32, 300 tokens: max abs difference {error:.1e}")
     print(
-        f"one causal layer ({HEADS} heads of {HEAD_DIM}), forward + backward, bfloat16, median of {repeats}"
+        f"one causal layer ({HEADS} heads of {HEAD_DIM}), forward + backward, {str(dtype).removeprefix('torch.')}, "
+        f"median of {repeats}"
     )
     for length in lengths:
         q, k, v = (
-            torch.randn(1, HEADS, length, HEAD_DIM, generator=g).bfloat16().requires_grad_() for _ in range(3)
+            torch.randn(1, HEADS, length, HEAD_DIM, generator=g, dtype=dtype).requires_grad_()
+            for _ in range(3)
         )
         flops = 7 * 2 * HEADS * HEAD_DIM * length * length / 2
         runs: dict[str, Callable[[], torch.Tensor]] = {
@@ -196,7 +201,8 @@ def kernels(lengths: list[int], repeats: int = 3, block: int = 256) -> None:
 
 def main(argv: list[str]) -> None:
     if argv[:1] == ["--kernels"]:
-        kernels([int(a) for a in argv[1:]] or [256, 512, 1024, 2048])
+        lengths = [int(a) for a in argv[1:] if a != "--fp32"] or [256, 512, 1024, 2048]
+        kernels(lengths, dtype=torch.float32 if "--fp32" in argv else torch.bfloat16)
         return
     prefix, suffix, batch, repeats = (int(a) for a in (argv + ["1700", "300", "8", "5"][len(argv) :]))
     print(f"prefix {prefix}, suffix {suffix} x {batch} lines, {torch.get_num_threads()} threads, "

@@ -2,7 +2,8 @@
 
     python scripts/probe_sft_step.py [LENGTH] [LOSS_TOKENS] [--profile] [--casts] [--compile]
     python scripts/probe_sft_step.py 2048 600 --profile
-    python scripts/probe_sft_step.py --demos TASKS [MAX_SEQ_LEN] [MODEL] [--profile]
+    python scripts/probe_sft_step.py --demos TASKS [MAX_SEQ_LEN] [MODEL] [--profile] [--fp32] [--compile] [--two-part]
+    python scripts/probe_sft_step.py --demos TASKS [MAX_SEQ_LEN] [MODEL] [--fp32] --pairs N
     python scripts/probe_sft_step.py --trainers [bf16|fp32] [MODEL] [--ladder]
 
 One LoRA (r = 16) supervised step of SmolLM2-135M-Instruct on a single row of LENGTH random token ids, the
@@ -28,7 +29,13 @@ model, seconds of one step after an untimed one, and row tokens a second (the SF
 ``smollm2-135m-instruct`` (default) or ``tiny``. Used for the "Tenth run" section. With ``--profile`` it then
 runs one more step of the ``shared`` layout under torch's profiler and prints its table (top operators by self
 CPU time) and the attention kernels' share of the operators' time (SDPA forward and backward; the
-"Thirteenth run" section).
+"Thirteenth run" section). ``--fp32``: all of it in float32 instead, the precision configs/sft_smollm2*.yaml
+set; ``--compile``: the decoder layers compiled first (``sft.compile``; each layout's untimed step compiles
+what it needs); ``--two-part``: rows attend to their shared prefixes in two parts
+(``train.two_part_attention``); ``--pairs N``: instead of the three layouts, N pairs of the ``shared`` layout's
+step with the dense mask and in two parts, alternated (mask first in odd pairs, two-part first in even ones)
+after one untimed step of each, so that a drift in the machine's speed falls on both alike; it prints each
+pair, the medians and the median ratio — the "Fourteenth run" section.
 
 ``--trainers [bf16|fp32]``: the bench's SFT comparison at configs/sft_smollm2.yaml's sizes alone (``ctxrl
 bench smollm2``'s ``sft_speedup``: :func:`ctxrl.commands.bench_train._sft_speedup` with the one-sequence setup,
@@ -45,6 +52,7 @@ import sys
 import time
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import torch
 
@@ -52,7 +60,7 @@ from ctxrl.train.compile import compile_layers
 from ctxrl.train.config import LoraSettings, TrainConfig
 from ctxrl.train.models import get_model
 from ctxrl.train.policy import load_policy
-from ctxrl.train.rows import Row
+from ctxrl.train.rows import LayoutUnit, Row
 from ctxrl.train.update import layout_sizes, make_layout, nll_backward, precision_context
 
 
@@ -73,7 +81,16 @@ def count_casts(step: Callable[[], object]) -> dict[str, tuple[int, float]]:
     return found
 
 
-def demo_layouts(tasks: int, max_seq_len: int, name: str, profile: bool = False) -> None:
+def demo_layouts(
+    tasks: int,
+    max_seq_len: int,
+    name: str,
+    profile: bool = False,
+    precision: str = "bf16",
+    compiled: bool = False,
+    two_part: bool = False,
+    pairs: int = 0,
+) -> None:
     """The ``--demos`` mode (module docstring)."""
     import math
     import tempfile
@@ -95,8 +112,18 @@ def demo_layouts(tasks: int, max_seq_len: int, name: str, profile: bool = False)
             f"{len(demos)} episodes, {len(rows)} rows of {[len(r) for r in rows]} tokens ({row_tokens} in all)"
         )
         model = load_policy(folder, TrainConfig(lora=LoraSettings(enabled=True, dropout=0.0))).train()
+        if compiled:
+            compile_layers(model)
+        step = partial(nll_backward, model, num_loss_tokens=n_loss, two_part=two_part)
         auto = make_layout(rows, "auto", max_seq_len, 0, layout_sizes(model), packs=True)
-        print(f"packing: auto picks {layout_kind(auto)}")
+        print(
+            f"packing: auto picks {layout_kind(auto)}; mixed_precision={precision}"
+            + " compiled" * compiled
+            + " two-part" * two_part
+        )
+        if pairs:
+            two_part_pairs(model, build_layout(rows, "shared", max_seq_len, 0), n_loss, precision, pairs)
+            return
         for label, kind, slack in (
             ("padded", "padded", PAD_SLACK),
             ("shared", "shared", PAD_SLACK),
@@ -105,10 +132,10 @@ def demo_layouts(tasks: int, max_seq_len: int, name: str, profile: bool = False)
             units = build_layout(rows, kind, max_seq_len, 0, slack=slack)
             shapes = [tuple(mb.input_ids.shape) for u in units for mb in u.all_batches()]
             tokens = sum(u.num_tokens for u in units)
-            with precision_context("bf16", "cpu"):
-                nll_backward(model, units, num_loss_tokens=n_loss)  # warm-up
+            with precision_context(precision, "cpu"):
+                step(units)  # warm-up
                 start = time.perf_counter()
-                nll_backward(model, units, num_loss_tokens=n_loss)
+                step(units)
                 seconds = time.perf_counter() - start
             model.zero_grad(set_to_none=True)
             print(
@@ -120,13 +147,40 @@ def demo_layouts(tasks: int, max_seq_len: int, name: str, profile: bool = False)
             from torch.profiler import profile as run_profiler
 
             units = build_layout(rows, "shared", max_seq_len, 0)
-            with precision_context("bf16", "cpu"), run_profiler(activities=[ProfilerActivity.CPU]) as prof:
-                nll_backward(model, units, num_loss_tokens=n_loss)
+            with precision_context(precision, "cpu"), run_profiler(activities=[ProfilerActivity.CPU]) as prof:
+                step(units)
             ops = prof.key_averages()
             print(ops.table(sort_by="self_cpu_time_total", row_limit=12), flush=True)
             attention = sum(op.self_cpu_time_total for op in ops if "scaled_dot_product" in op.key)
             total = sum(op.self_cpu_time_total for op in ops)
             print(f"attention {attention / total:.1%} of the shared step's operator time", flush=True)
+
+
+def two_part_pairs(model: Any, units: list[LayoutUnit], n_loss: float, precision: str, pairs: int) -> None:
+    """The ``--pairs`` option of ``--demos`` (module docstring)."""
+    import statistics
+
+    seconds: dict[bool, list[float]] = {False: [], True: []}
+    with precision_context(precision, "cpu"):
+        for two_part in (False, True):
+            nll_backward(model, units, num_loss_tokens=n_loss, two_part=two_part)  # warm-up
+        for i in range(pairs):
+            for two_part in (False, True) if i % 2 == 0 else (True, False):
+                model.zero_grad(set_to_none=True)
+                start = time.perf_counter()
+                nll_backward(model, units, num_loss_tokens=n_loss, two_part=two_part)
+                seconds[two_part].append(time.perf_counter() - start)
+            print(
+                f"pair {i + 1}: mask {seconds[False][-1]:.2f} s two-part {seconds[True][-1]:.2f} s",
+                flush=True,
+            )
+    ratios = [b / a for a, b in zip(seconds[False], seconds[True], strict=True)]
+    faster = sum(r < 1 for r in ratios)
+    print(
+        f"median: mask {statistics.median(seconds[False]):.2f} s two-part {statistics.median(seconds[True]):.2f} s;"
+        f" two-part / mask {statistics.median(ratios):.3f}; two-part faster in {faster} of {pairs} pairs",
+        flush=True,
+    )
 
 
 def trainers(precision: str, name: str, ladder: bool = False) -> None:
@@ -158,12 +212,20 @@ def main(argv: list[str]) -> None:
         )
         return
     if argv[:1] == ["--demos"]:
-        args = [a for a in argv if a != "--profile"]
+        pairs = int(argv[argv.index("--pairs") + 1]) if "--pairs" in argv else 0
+        flags = ("--profile", "--fp32", "--compile", "--two-part")
+        args = [
+            a for i, a in enumerate(argv) if a not in flags and "--pairs" not in argv[max(0, i - 1) : i + 1]
+        ]
         demo_layouts(
             int(args[1]),
             int(args[2]) if len(args) > 2 else 4096,
             args[3] if len(args) > 3 else "smollm2-135m-instruct",
             profile="--profile" in argv,
+            precision="no" if "--fp32" in argv else "bf16",
+            compiled="--compile" in argv,
+            two_part="--two-part" in argv,
+            pairs=pairs,
         )
         return
     profile = "--profile" in argv

@@ -61,10 +61,14 @@ def test_attention_probe_times_the_mask_against_the_two_kinds_without_one() -> N
     assert rows[0][3] == "x1.00" and all(float(r[1]) > 0 for r in rows)
 
 
-def test_attention_probe_checks_its_block_attention_and_times_it_beside_the_flash_kernel() -> None:
-    out = run_script("probe_attention.py", "--kernels", "32", "96", timeout=120).splitlines()
+@pytest.mark.parametrize(("flags", "dtype"), [((), "bfloat16"), (("--fp32",), "float32")])
+def test_attention_probe_checks_its_block_attention_and_times_it_beside_the_flash_kernel(
+    flags: tuple[str, ...], dtype: str
+) -> None:
+    out = run_script("probe_attention.py", "--kernels", *flags, "32", "96", timeout=120).splitlines()
     error = float(out[0].rsplit(" ", 1)[1])
     assert out[0].startswith("blocks against SDPA") and error < 1e-4  # the same attention and gradients
+    assert f"forward + backward, {dtype}," in out[1]
     timed = [line.split() for line in out[2:]]
     assert [(t[0], t[1]) for t in timed] == [
         (n, kernel) for n in ("32", "96") for kernel in ("flash", "blocks")
@@ -89,8 +93,15 @@ def test_sft_step_probe_times_and_profiles_both_precisions() -> None:
 
 
 def test_sft_step_probe_times_recorded_demonstrations_with_and_without_the_padding_limit() -> None:
-    lines = run_script("probe_sft_step.py", "--demos", "1", "4096", "tiny", "--profile").splitlines()
+    flags = (
+        "--profile",
+        "--fp32",
+        "--two-part",
+    )  # (--compile: ~130 s more on the tiny model's three layouts)
+    lines = run_script("probe_sft_step.py", "--demos", "1", "4096", "tiny", *flags).splitlines()
     assert lines[0].startswith("1 episodes,") and lines[1].startswith("packing: auto picks ")
+    # --fp32: the configs' precision, not bf16 autocast; two-part attention as asked
+    assert lines[1].endswith("; mixed_precision=no two-part")
     timed = {line.split()[0]: line.split() for line in lines[2:5]}
     assert list(timed) == ["padded", "shared", "shared-unlimited"]
     assert all(float(t[1]) > 0 for t in timed.values())
@@ -99,6 +110,18 @@ def test_sft_step_probe_times_recorded_demonstrations_with_and_without_the_paddi
     assert any(line.startswith("Self CPU time total") for line in lines[5:])  # the shared step's profile
     share = float(lines[-1].split()[1].rstrip("%"))
     assert lines[-1].startswith("attention ") and 0 < share < 100
+
+
+def test_sft_step_probe_alternates_the_masked_and_two_part_steps_in_pairs() -> None:
+    lines = run_script(
+        "probe_sft_step.py", "--demos", "1", "4096", "tiny", "--fp32", "--pairs", "2"
+    ).splitlines()
+    assert lines[1].endswith("; mixed_precision=no")
+    pairs = [re.fullmatch(r"pair (\d): mask ([\d.]+) s two-part ([\d.]+) s", line) for line in lines[2:4]]
+    assert all(pairs) and [m.group(1) for m in pairs if m] == ["1", "2"]
+    assert re.fullmatch(r"median: mask [\d.]+ s two-part [\d.]+ s; two-part / mask [\d.]+; "
+                        r"two-part faster in [012] of 2 pairs", lines[4])  # fmt: skip
+    assert len(lines) == 5  # the pairs replace the three layouts' timings
 
 
 @pytest.mark.slow

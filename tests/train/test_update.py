@@ -15,7 +15,14 @@ from ctxrl.train.compile import compile_layers, decoder_layers, is_compiled
 from ctxrl.train.logprobs import token_logprobs
 from ctxrl.train.loss import LossConfig, policy_loss
 from ctxrl.train.rows import LayoutUnit, Row, build_layout, layout_kind, pack_rows
-from ctxrl.train.update import backward_layout, layout_logprobs, layout_sizes, make_layout, prefix_forward
+from ctxrl.train.update import (
+    backward_layout,
+    layout_logprobs,
+    layout_sizes,
+    make_layout,
+    nll_backward,
+    prefix_forward,
+)
 
 ATOL = 1e-5
 LOSS = LossConfig(tis_cap=2.0)
@@ -331,6 +338,16 @@ def test_two_part_attention_replaces_the_mask_and_keeps_the_gradients(
     assert_same(two_part, masked)
     assert_same(two_part, reference_backward(policy, rows))
     assert policy.config._attn_implementation == "sdpa"  # restored after every forward
+
+    def supervised(two_part: bool) -> tuple[float, dict[str, Any]]:
+        policy.zero_grad(set_to_none=True)
+        return nll_backward(policy, [root], num_loss_tokens=n, two_part=two_part).loss, grads(policy)
+
+    # the SFT path's update takes the same switch (scripts/probe_sft_step.py --two-part)
+    calls.clear()
+    supervised_two_part = supervised(True)
+    assert len(calls) == layers * 6
+    assert_same(supervised_two_part, supervised(False))
 
 
 def _update_under(model_dir: Path, mixed: str) -> tuple[dict[str, torch.Tensor], set[torch.dtype], Any]:

@@ -431,11 +431,17 @@ def backward_layout(
 
 
 def nll_backward(
-    model: Any, units: Sequence[LayoutUnit], *, num_loss_tokens: float, device: Any = None
+    model: Any,
+    units: Sequence[LayoutUnit],
+    *,
+    num_loss_tokens: float,
+    device: Any = None,
+    two_part: bool = False,
 ) -> BackwardResult:
     """The supervised update: token-mean cross-entropy ``−Σ mask · log p / num_loss_tokens`` over the loss
     tokens of ``units`` (the same layouts, prefixes and LM-head positions as :func:`backward_layout`);
-    ``loss`` is this pass's share of the mean NLL, ``stats.loss_sum`` the summed NLL."""
+    ``loss`` is this pass's share of the mean NLL, ``stats.loss_sum`` the summed NLL. ``two_part``: rows
+    attend to their shared prefixes in two parts (:mod:`ctxrl.train.attention`, ``train.two_part_attention``)."""
 
     def loss_of(
         u: int, i: int, tensors: dict[str, torch.Tensor], logprobs: torch.Tensor
@@ -453,6 +459,7 @@ def nll_backward(
         backward=None,
         sync=_no_context,
         with_entropy=False,  # supervised training logs no entropy: no second pass over the logits
+        two_part=two_part,
     )
 
 
