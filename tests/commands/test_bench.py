@@ -656,17 +656,18 @@ def test_the_benches_sample_as_the_grpo_configs_do() -> None:
 
 
 def test_the_sft_setups_are_the_configs_sizes() -> None:
-    """SFT_SETUPS copies the SFT configs' sequence sizes: they must move together."""
+    """SFT_SETUPS copies the SFT configs' sequence sizes and attention: they must move together."""
     from ctxrl.commands.bench_train import SFT_SETUPS
     from ctxrl.commands.config import load_run_config
 
     for suffix, name in (("", "sft_smollm2.yaml"), ("_ladder", "sft_smollm2_ladder.yaml")):
         sft = load_run_config(ROOT / "configs" / name, []).sft
         setup = SFT_SETUPS[suffix]
-        assert (setup.max_seq_len, setup.batch_tokens, setup.steps_by) == (
+        assert (setup.max_seq_len, setup.batch_tokens, setup.steps_by, setup.two_part) == (
             sft.max_seq_len,
             sft.batch_tokens,
             sft.steps_by,
+            sft.two_part_attention,
         ), name
 
 

@@ -202,6 +202,45 @@ def test_compiled_sft_trains_as_eager_does(
         SFTConfig(trainer="trl", compile=True)
 
 
+def test_two_part_attention_reaches_the_sft_update_and_changes_no_result(
+    records: SimpleNamespace, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sft.two_part_attention: the shared layout's rows attend to their prefix in two parts (counted), with
+    the masked run's losses; TRL's trainer is refused it by name."""
+    from ctxrl.train import attention
+
+    calls: list[int] = []
+    real = attention.two_part_attention
+
+    def counted(query: Any, key: Any, value: Any, **kw: Any) -> Any:
+        calls.append(query.shape[2])
+        return real(query, key, value, **kw)
+
+    monkeypatch.setattr(attention, "two_part_attention", counted)
+    # the copy task behind a 24-token prompt every example shares, as a step's rows share the system prompt
+    episodes = [
+        records.episode([records.step([7, *range(30, 53), a], [a + 1, a + 2, 2], source="reset")], group=a)
+        for a in range(60, 76)
+    ]
+    examples, _ = sft_examples(episodes, max_seq_len=64)
+    runs = {}
+    for two_part in (False, True):
+        cfg = SFTConfig(
+            lr=3e-3,
+            max_steps=3,
+            max_seq_len=64,
+            batch_tokens=256,
+            packing="shared",
+            two_part_attention=two_part,
+        )
+        runs[two_part] = train_sft(cfg, tiny_model_dir, examples, tmp_path / str(two_part), progress=False)
+        assert bool(calls) == two_part
+    assert runs[True].loss_after == pytest.approx(runs[False].loss_after, abs=1e-5)
+    assert runs[True].loss_after < runs[True].loss_before
+    with pytest.raises(ConfigError, match=r"sft\.two_part_attention changes the ctxrl trainer"):
+        SFTConfig(trainer="trl", two_part_attention=True)
+
+
 def test_gradient_checkpointing_reaches_trl_off_by_default_and_changes_no_result(
     records: SimpleNamespace, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -880,6 +880,8 @@ class SFTSetup:
     steps_by: Literal["example", "episode"]
     tasks: int
     """Demonstrations (one task each) trained on."""
+    two_part: bool = True
+    """The SFT path's ``sft.two_part_attention`` (the configs set it)."""
     trl_from: str | None = None
     """The setup whose TRL run this one's SFT path is measured against (on the same demonstrations); None: a
     TRL run of its own at the same sequence length and tokens per step."""
@@ -929,7 +931,7 @@ def _sft_speedup(
 ) -> dict[str, float]:
     """The SFT path against TRL's ``SFTTrainer`` on the same demonstrations, in each of ``setups`` (keys of
     :data:`SFT_SETUPS`, a setup's ``trl_from`` before it; LoRA r = 16 without dropout, no gradient
-    checkpointing, as configs/sft_smollm2*.yaml): the scripted file manager's episodes of train tasks
+    checkpointing, the SFT path's two-part attention, as configs/sft_smollm2*.yaml): the scripted file manager's episodes of train tasks
     (:func:`scripted_demonstrations`); ``steps`` optimiser steps each, tokens per second of training."""
     from ctxrl.env.tokenizer import load_tokenizer_dir
     from ctxrl.train.config import LoraSettings
@@ -956,6 +958,7 @@ def _sft_speedup(
             lora=LoraSettings(enabled=True, r=16, alpha=32, dropout=0.0),
             mixed_precision="bf16" if sizes.precision == "bf16" else "no",
             compile=sizes.compile and trainer == "ctxrl",
+            two_part_attention=setup.two_part and trainer == "ctxrl",
         )
         return train_sft(config, model_dir, examples, tmp / f"sft{suffix}-{trainer}", progress=False)
 

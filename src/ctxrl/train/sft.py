@@ -109,6 +109,12 @@ class SFTConfig:
     bf16`` on a 2-core Xeon with AMX a step of one 2,048-token row then took 3.58 s against 4.37 s eager
     (``scripts/probe_sft_step.py``), and the SFT path ran 2.51× TRL's rate after the first step against 1.95×
     eager (``ctxrl bench smollm2_bf16_compiled`` / ``smollm2_bf16``)."""
+    two_part_attention: bool = False
+    """The ctxrl trainer only, on the CPU: rows attend to their step's shared prefix in two parts merged by
+    log-sum-exp instead of through a dense mask (``train.two_part_attention``, :mod:`ctxrl.train.attention`;
+    the same loss and gradients within float rounding). On the ladder's float32 SFT step of two SmolLM2
+    episodes, alternated with the masked step in one process, it was faster in each of four pairs
+    (docs/train_throughput.md, "Fourteenth run"); configs/sft_smollm2*.yaml turn it on."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory. TRL turns it on by default; it cost about a
     third of an SFT step of SmolLM2-135M on a 2-core CPU (py-spy), where a small model is compute-bound, not
@@ -145,6 +151,11 @@ class SFTConfig:
             raise ConfigError(
                 "sft.compile compiles the ctxrl trainer's decoder layers; set sft.trainer: ctxrl "
                 "(or sft.compile: false for TRL's trainer)"
+            )
+        if self.two_part_attention and self.trainer != "ctxrl":
+            raise ConfigError(
+                "sft.two_part_attention changes the ctxrl trainer's attention to shared prefixes; set "
+                "sft.trainer: ctxrl (or sft.two_part_attention: false for TRL's trainer)"
             )
         if self.log_every < 1:
             raise ConfigError(f"sft.log_every must be >= 1, got {self.log_every}")
@@ -751,7 +762,7 @@ def _train_sft_ctxrl(
         if n_loss == 0:
             continue
         with precision_context(config.mixed_precision, next(model.parameters()).device):
-            result = nll_backward(model, units, num_loss_tokens=n_loss)
+            result = nll_backward(model, units, num_loss_tokens=n_loss, two_part=config.two_part_attention)
         norm = (
             float(torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm))
             if config.max_grad_norm is not None
