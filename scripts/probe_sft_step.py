@@ -212,11 +212,12 @@ def main(argv: list[str]) -> None:
         )
         return
     if argv[:1] == ["--demos"]:
-        pairs = int(argv[argv.index("--pairs") + 1]) if "--pairs" in argv else 0
-        flags = ("--profile", "--fp32", "--compile", "--two-part")
-        args = [
-            a for i, a in enumerate(argv) if a not in flags and "--pairs" not in argv[max(0, i - 1) : i + 1]
-        ]
+        rest, pairs = list(argv), 0
+        if "--pairs" in rest:  # --pairs N: the option and its number
+            at = rest.index("--pairs")
+            pairs = int(rest[at + 1])
+            del rest[at : at + 2]
+        args = [a for a in rest if a not in ("--profile", "--fp32", "--compile", "--two-part")]
         demo_layouts(
             int(args[1]),
             int(args[2]) if len(args) > 2 else 4096,
