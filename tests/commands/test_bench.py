@@ -656,19 +656,21 @@ def test_the_benches_sample_as_the_grpo_configs_do() -> None:
 
 
 def test_the_sft_setups_are_the_configs_sizes() -> None:
-    """SFT_SETUPS copies the SFT configs' sequence sizes and attention: they must move together."""
-    from ctxrl.commands.bench_train import SFT_SETUPS
+    """SFT_SETUPS copies the SFT configs' sequence sizes and attention, and the SFT path runs each setup with
+    them (TRL without the ctxrl trainer's own switches): they must move together."""
+    from ctxrl.commands.bench_train import SFT_SETUPS, SMOL, sft_setup_config
     from ctxrl.commands.config import load_run_config
+
+    def settings(sft: Any) -> tuple[Any, ...]:
+        lora = (sft.lora.enabled, sft.lora.r, sft.lora.alpha, sft.lora.dropout)
+        return (sft.max_seq_len, sft.batch_tokens, sft.steps_by, sft.two_part_attention, lora)
 
     for suffix, name in (("", "sft_smollm2.yaml"), ("_ladder", "sft_smollm2_ladder.yaml")):
         sft = load_run_config(ROOT / "configs" / name, []).sft
         setup = SFT_SETUPS[suffix]
-        assert (setup.max_seq_len, setup.batch_tokens, setup.steps_by, setup.two_part) == (
-            sft.max_seq_len,
-            sft.batch_tokens,
-            sft.steps_by,
-            sft.two_part_attention,
-        ), name
+        assert settings(sft_setup_config(setup, "ctxrl", SMOL, 4)) == settings(sft), name
+        trl = sft_setup_config(setup, "trl", SMOL, 4)
+        assert (trl.trainer, trl.two_part_attention, trl.compile) == ("trl", False, False)
 
 
 @reads_bench_all

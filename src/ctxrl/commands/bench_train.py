@@ -87,10 +87,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ctxrl.train.engines import SamplingConfig, engine_spec
 from ctxrl.train.trajectory import EpisodeRecord, StepCost, StepRecord
+
+if TYPE_CHECKING:
+    from ctxrl.train.sft import SFTConfig
 
 MAX_TOKENS = 8192
 """Tokens per microbatch: ``TrainConfig.max_tokens_per_microbatch``'s default."""
@@ -926,17 +929,40 @@ def scripted_demonstrations(
     ).episodes
 
 
+def sft_setup_config(
+    setup: SFTSetup, trainer: Literal["ctxrl", "trl"], sizes: StepSizes, steps: int
+) -> SFTConfig:
+    """The ``SFTConfig`` one trainer runs ``setup`` with in :func:`_sft_speedup`: the configs' LoRA, sizes and
+    attention; what only the ctxrl trainer has (step cuts, compiled layers, two-part attention) off for TRL."""
+    from ctxrl.train.config import LoraSettings
+    from ctxrl.train.sft import SFTConfig
+
+    ours = trainer == "ctxrl"
+    return SFTConfig(
+        trainer=trainer,
+        lr=1e-3,
+        max_steps=steps,
+        max_seq_len=setup.max_seq_len,
+        batch_tokens=setup.batch_tokens,
+        steps_by=setup.steps_by if ours else "example",
+        lora=LoraSettings(enabled=True, r=16, alpha=32, dropout=0.0),
+        mixed_precision="bf16" if sizes.precision == "bf16" else "no",
+        compile=sizes.compile and ours,
+        two_part_attention=setup.two_part and ours,
+    )
+
+
 def _sft_speedup(
     sizes: StepSizes, tmp: Path, *, steps: int, setups: Sequence[str] = tuple(SFT_SETUPS)
 ) -> dict[str, float]:
     """The SFT path against TRL's ``SFTTrainer`` on the same demonstrations, in each of ``setups`` (keys of
     :data:`SFT_SETUPS`, a setup's ``trl_from`` before it; LoRA r = 16 without dropout, no gradient
-    checkpointing, the SFT path's two-part attention, as configs/sft_smollm2*.yaml): the scripted file manager's episodes of train tasks
-    (:func:`scripted_demonstrations`); ``steps`` optimiser steps each, tokens per second of training."""
+    checkpointing, the SFT path's two-part attention, as configs/sft_smollm2*.yaml: :func:`sft_setup_config`):
+    the scripted file manager's episodes of train tasks (:func:`scripted_demonstrations`); ``steps`` optimiser
+    steps each, tokens per second of training."""
     from ctxrl.env.tokenizer import load_tokenizer_dir
-    from ctxrl.train.config import LoraSettings
     from ctxrl.train.models import get_model
-    from ctxrl.train.sft import SFTConfig, SFTResult, sft_examples, train_sft
+    from ctxrl.train.sft import SFTResult, sft_examples, train_sft
 
     model_dir = get_model(sizes.model, tmp / "step-model" if sizes.model == "tiny" else None)
     tokenizer = load_tokenizer_dir(model_dir)
@@ -948,18 +974,7 @@ def _sft_speedup(
     def train(suffix: str, trainer: Literal["ctxrl", "trl"]) -> SFTResult:
         setup = SFT_SETUPS[suffix]
         examples, _ = sft_examples(demos[: setup.tasks], max_seq_len=setup.max_seq_len, successful_only=False)
-        config = SFTConfig(
-            trainer=trainer,
-            lr=1e-3,
-            max_steps=steps,
-            max_seq_len=setup.max_seq_len,
-            batch_tokens=setup.batch_tokens,
-            steps_by=setup.steps_by if trainer == "ctxrl" else "example",
-            lora=LoraSettings(enabled=True, r=16, alpha=32, dropout=0.0),
-            mixed_precision="bf16" if sizes.precision == "bf16" else "no",
-            compile=sizes.compile and trainer == "ctxrl",
-            two_part_attention=setup.two_part and trainer == "ctxrl",
-        )
+        config = sft_setup_config(setup, trainer, sizes, steps)
         return train_sft(config, model_dir, examples, tmp / f"sft{suffix}-{trainer}", progress=False)
 
     figures: dict[str, float] = {}

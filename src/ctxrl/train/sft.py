@@ -113,7 +113,7 @@ class SFTConfig:
     """The ctxrl trainer only, on the CPU: rows attend to their step's shared prefix in two parts merged by
     log-sum-exp instead of through a dense mask (``train.two_part_attention``, :mod:`ctxrl.train.attention`;
     the same loss and gradients within float rounding). On the ladder's float32 SFT step of two SmolLM2
-    episodes, alternated with the masked step in one process, it was faster in each of four pairs
+    episodes, alternated with the masked step in one process, it was faster in six of six pairs
     (docs/train_throughput.md, "Fourteenth run"); configs/sft_smollm2*.yaml turn it on."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory. TRL turns it on by default; it cost about a
