@@ -4,6 +4,7 @@
     python scripts/probe_layouts.py smollm2-135m-instruct 2 short padded,shared,padded,shared
     python scripts/probe_layouts.py --tokens runs/roll/trajectories.jsonl   # token counts of recorded episodes
     python scripts/probe_layouts.py --profile runs/roll/trajectories.jsonl [MODEL] [LAYOUTS]
+    python scripts/probe_layouts.py --pairs N runs/roll/trajectories.jsonl [MODEL] [EPISODES]
 
 ``--tokens FILE``: no model, no timing: the rows of the episodes in a trajectories file (``ctxrl rollout``
 writes one), and the tokens each layout puts through the model — packed rows, the group's prefix once
@@ -12,6 +13,12 @@ writes one), and the tokens each layout puts through the model — packed rows, 
 ``--profile FILE``: one update of the recorded episodes' rows (rewards alternating, as ``ctxrl bench smollm2``
 sets them, so every row carries advantages) in each layout, timed after one untimed warm-up pass, under
 torch's profiler: seconds, tokens, estimated GFLOP and the ops that took the time.
+
+``--pairs N FILE``: the recorded episodes' update (the first EPISODES of them, default all; rewards as
+``--profile`` sets them) in the shared layout, with the rows attending to their prefixes through the dense
+mask and in two parts (``train.two_part_attention``), N pairs alternated in one process after one untimed
+round (mask first in odd pairs, two-part first in even ones), so that the machine's drift falls on both:
+each pair's seconds, the medians, the median ratio two-part / mask and in how many pairs two-part was faster.
 
 LAYOUTS: a comma list of shared, packed, padded (``ctxrl.train.update.backward_layout``, LM head at loss
 positions; shared with the two-part attention, ``train.two_part_attention=true``), masked (shared, with the
@@ -121,9 +128,40 @@ def profile_recorded(path: str, name: str, kinds: list[str]) -> None:
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18), flush=True)
 
 
+def paired_two_part(path: str, pairs: int, name: str, episodes: int | None) -> None:
+    """The ``--pairs`` mode (module docstring)."""
+    from ctxrl.commands.bench_train import alternate_runs, pair_summary
+    from ctxrl.train.trajectory import load_trajectories
+
+    rows = update_rows(load_trajectories(path)[:episodes])
+    config = TrainConfig(lora=LoraSettings(enabled=True, dropout=0.0))
+    model = load_policy(get_model(name), config).train()
+    units = build_layout(rows, "shared", 4096, 0)
+    n = float(sum(u.num_loss_tokens for u in units))
+    print(
+        f"{len(rows)} rows, {sum(len(r) for r in rows)} row tokens, {sum(u.num_tokens for u in units)} laid out"
+    )
+
+    def update(two_part: bool) -> None:
+        model.zero_grad(set_to_none=True)
+        backward_layout(model, units, config.loss, num_loss_tokens=n, two_part=two_part)
+
+    def report(i: int, seconds: list[float]) -> None:
+        print(f"pair {i + 1}: mask {seconds[0]:.2f} s two-part {seconds[1]:.2f} s", flush=True)
+
+    times = alternate_runs(
+        [lambda: update(False), lambda: update(True)], pairs, warmup=1, reverse_odd=True, after_round=report
+    )
+    print(pair_summary(("mask", "two-part"), times), flush=True)
+
+
 def main(argv: list[str]) -> None:
     if argv[:1] == ["--tokens"]:
         token_counts(argv[1])
+        return
+    if argv[:1] == ["--pairs"]:
+        name = argv[3] if len(argv) > 3 else "smollm2-135m-instruct"
+        paired_two_part(argv[2], int(argv[1]), name, int(argv[4]) if len(argv) > 4 else None)
         return
     if argv[:1] == ["--profile"]:
         kinds = (argv[3] if len(argv) > 3 else "shared").split(",")

@@ -158,29 +158,20 @@ def demo_layouts(
 
 def two_part_pairs(model: Any, units: list[LayoutUnit], n_loss: float, precision: str, pairs: int) -> None:
     """The ``--pairs`` option of ``--demos`` (module docstring)."""
-    import statistics
+    from ctxrl.commands.bench_train import alternate_runs, pair_summary
 
-    seconds: dict[bool, list[float]] = {False: [], True: []}
+    def step(two_part: bool) -> None:
+        model.zero_grad(set_to_none=True)
+        nll_backward(model, units, num_loss_tokens=n_loss, two_part=two_part)
+
+    def report(i: int, seconds: list[float]) -> None:
+        print(f"pair {i + 1}: mask {seconds[0]:.2f} s two-part {seconds[1]:.2f} s", flush=True)
+
     with precision_context(precision, "cpu"):
-        for two_part in (False, True):
-            nll_backward(model, units, num_loss_tokens=n_loss, two_part=two_part)  # warm-up
-        for i in range(pairs):
-            for two_part in (False, True) if i % 2 == 0 else (True, False):
-                model.zero_grad(set_to_none=True)
-                start = time.perf_counter()
-                nll_backward(model, units, num_loss_tokens=n_loss, two_part=two_part)
-                seconds[two_part].append(time.perf_counter() - start)
-            print(
-                f"pair {i + 1}: mask {seconds[False][-1]:.2f} s two-part {seconds[True][-1]:.2f} s",
-                flush=True,
-            )
-    ratios = [b / a for a, b in zip(seconds[False], seconds[True], strict=True)]
-    faster = sum(r < 1 for r in ratios)
-    print(
-        f"median: mask {statistics.median(seconds[False]):.2f} s two-part {statistics.median(seconds[True]):.2f} s;"
-        f" two-part / mask {statistics.median(ratios):.3f}; two-part faster in {faster} of {pairs} pairs",
-        flush=True,
-    )
+        times = alternate_runs(
+            [lambda: step(False), lambda: step(True)], pairs, warmup=1, reverse_odd=True, after_round=report
+        )
+    print(pair_summary(("mask", "two-part"), times), flush=True)
 
 
 def trainers(precision: str, name: str, ladder: bool = False) -> None:

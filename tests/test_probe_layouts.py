@@ -53,6 +53,12 @@ def test_probe_counts_and_profiles_the_layouts_of_recorded_episodes(
     assert all(float(t[1]) > 0 and int(t[3]) > 0 for t in timed)
     assert any("Self CPU" in line for line in profiled)  # the profiler's table follows each layout
 
+    paired = probe("--pairs", "2", str(trajectories), str(tiny_model_dir), "1")
+    sizes = re.fullmatch(r"(\d+) rows, (\d+) row tokens, (\d+) laid out", paired[0])  # the first episode's
+    assert sizes and int(sizes[1]) >= 1 and 0 < int(sizes[3]) <= int(sizes[2])
+    assert [line.split()[:2] for line in paired[1:3]] == [["pair", "1:"], ["pair", "2:"]]
+    assert paired[3].startswith("median: mask") and paired[3].endswith("of 2 pairs")
+
 
 def test_attention_probe_times_the_mask_against_the_two_kinds_without_one() -> None:
     out = run_script("probe_attention.py", "24", "8", "2", "1", timeout=120)

@@ -655,6 +655,32 @@ def test_the_benches_sample_as_the_grpo_configs_do() -> None:
         )
 
 
+def test_alternate_runs_times_each_side_every_round_and_swaps_the_order_in_pairs() -> None:
+    """The paired timings the probes use: every side once a round, in reverse order every other round, the
+    untimed warm-up excluded, each round reported; the summary's ratio is the median of the per-pair ratios."""
+    from ctxrl.commands.bench_train import alternate_runs, pair_summary
+
+    calls: list[str] = []
+    rounds: list[tuple[int, int]] = []
+    times = alternate_runs(
+        [lambda: calls.append("a"), lambda: calls.append("b")],
+        3,
+        warmup=1,
+        reverse_odd=True,
+        after_round=lambda r, seconds: rounds.append((r, len(seconds))),
+    )
+    assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]  # the warm-up, then AB, BA, AB
+    assert [len(t) for t in times] == [3, 3] and all(s >= 0 for t in times for s in t)
+    assert rounds == [(0, 2), (1, 2), (2, 2)]
+    assert alternate_runs([lambda: calls.append("c")], 2) and calls[-2:] == ["c", "c"]
+
+    line = pair_summary(("mask", "two-part"), [[1.0, 4.0, 10.0], [0.9, 2.0, 11.0]])
+    # per-pair ratios 0.9, 0.5 and 1.1: their median, 0.9, not the ratio of the medians (2.0 / 4.0)
+    assert (
+        line == "median: mask 4.00 s two-part 2.00 s; two-part / mask 0.900; two-part faster in 2 of 3 pairs"
+    )
+
+
 def test_the_sft_setups_are_the_configs_sizes() -> None:
     """SFT_SETUPS copies the SFT configs' sequence sizes and attention, and the SFT path runs each setup with
     them (TRL without the ctxrl trainer's own switches): they must move together."""

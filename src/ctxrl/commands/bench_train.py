@@ -443,16 +443,60 @@ class Timing:
     spread: float
 
 
+def alternate_runs(
+    fns: Sequence[Callable[[], None]],
+    repeats: int,
+    *,
+    warmup: int = 0,
+    reverse_odd: bool = False,
+    after_round: Callable[[int, list[float]], None] | None = None,
+) -> list[list[float]]:
+    """Seconds of each of ``fns`` in each of ``repeats`` timed rounds, ``[fn][round]``: ``fns`` run in turn
+    (``warmup`` untimed rounds first) so a busy or drifting machine slows every side alike; ``reverse_odd``
+    runs them in reverse order in every other round (ABBA), so neither side always runs first;
+    ``after_round(round, seconds)`` sees each timed round's seconds in ``fns``' order.
+
+    >>> calls = []
+    >>> times = alternate_runs([lambda: calls.append("a"), lambda: calls.append("b")], 2, reverse_odd=True)
+    >>> calls, [len(t) for t in times]
+    (['a', 'b', 'b', 'a'], [2, 2])
+    """
+    times: list[list[float]] = [[] for _ in fns]
+    for r in range(warmup + repeats):
+        order = list(range(len(fns)))
+        if reverse_odd and r >= warmup and (r - warmup) % 2 == 1:
+            order.reverse()
+        for i in order:
+            start = time.perf_counter()
+            fns[i]()
+            if r >= warmup:
+                times[i].append(time.perf_counter() - start)
+        if r >= warmup and after_round is not None:
+            after_round(r - warmup, [t[-1] for t in times])
+    return times
+
+
+def pair_summary(names: tuple[str, str], times: Sequence[Sequence[float]]) -> str:
+    """One line on two sides timed in pairs (:func:`alternate_runs`): each side's median, the median ratio
+    second / first, and in how many pairs the second was faster.
+
+    >>> pair_summary(("mask", "two-part"), [[2.0, 4.0, 3.0], [1.0, 3.0, 3.3]])
+    'median: mask 3.00 s two-part 3.00 s; two-part / mask 0.750; two-part faster in 2 of 3 pairs'
+    """
+    first, second = times
+    ratios = [b / a for a, b in zip(first, second, strict=True)]
+    faster = sum(r < 1 for r in ratios)
+    return (
+        f"median: {names[0]} {statistics.median(first):.2f} s {names[1]} {statistics.median(second):.2f} s;"
+        f" {names[1]} / {names[0]} {statistics.median(ratios):.3f}; {names[1]} faster in {faster} of"
+        f" {len(ratios)} pairs"
+    )
+
+
 def _alternate(fns: Sequence[Callable[[], None]], repeats: int, *, warmup: int = 0) -> list[Timing]:
     """The timings of ``fns``, run in turn (``warmup`` untimed rounds, then ``repeats`` timed), so a busy
     machine slows every side of a ratio alike."""
-    times: list[list[float]] = [[] for _ in fns]
-    for r in range(warmup + repeats):
-        for i, fn in enumerate(fns):
-            start = time.perf_counter()
-            fn()
-            if r >= warmup:
-                times[i].append(time.perf_counter() - start)
+    times = alternate_runs(fns, repeats, warmup=warmup)
     return [Timing(statistics.median(t), max(t) - min(t)) for t in times]
 
 
