@@ -643,16 +643,36 @@ def test_bench_inflight_quick(
     )
 
 
-def test_the_benches_sample_as_the_grpo_configs_do() -> None:
-    """GRPO_SAMPLING is a copy of the training configs' sampling: it must move when they do."""
-    from ctxrl.commands.bench_train import GRPO_SAMPLING
+def test_the_benches_sample_and_attend_as_the_grpo_configs_do() -> None:
+    """GRPO_SAMPLING and GRPO_TWO_PART copy the training configs' sampling and attention: they must move when
+    the configs do."""
+    from ctxrl.commands.bench_train import GRPO_SAMPLING, GRPO_TWO_PART
     from ctxrl.commands.config import load_run_config
 
     for name in ("train_smollm2.yaml", "train_smollm2_ladder.yaml"):
-        sampling = load_run_config(ROOT / "configs" / name, []).sampling
+        config = load_run_config(ROOT / "configs" / name, [])
+        sampling = config.sampling
         assert (sampling.temperature, sampling.top_p) == (GRPO_SAMPLING.temperature, GRPO_SAMPLING.top_p), (
             name
         )
+        assert config.train.two_part_attention == GRPO_TWO_PART, name
+
+
+def test_the_smollm2_update_runs_as_the_grpo_configs() -> None:
+    """The smollm2 bench's update runs with the ladder's GRPO LoRA and attention (configs/train_smollm2_ladder.yaml,
+    the learning benchmark's) and configs/train_smollm2.yaml's 4,096-token microbatches, in float32."""
+    from ctxrl.commands.bench_train import SMOL, step_train_config
+    from ctxrl.commands.config import load_run_config
+
+    def lora_and_attention(train: Any) -> tuple[Any, ...]:
+        lora = (train.lora.enabled, train.lora.r, train.lora.alpha, train.lora.dropout)
+        return (lora, train.two_part_attention, train.mixed_precision, train.compile)
+
+    bench = step_train_config(SMOL)
+    ladder = load_run_config(ROOT / "configs" / "train_smollm2_ladder.yaml", []).train
+    short = load_run_config(ROOT / "configs" / "train_smollm2.yaml", []).train
+    assert lora_and_attention(bench) == lora_and_attention(ladder)
+    assert bench.max_tokens_per_microbatch == short.max_tokens_per_microbatch
 
 
 def test_alternate_runs_times_each_side_every_round_and_swaps_the_order_in_pairs() -> None:

@@ -93,6 +93,7 @@ from ctxrl.train.engines import SamplingConfig, engine_spec
 from ctxrl.train.trajectory import EpisodeRecord, StepCost, StepRecord
 
 if TYPE_CHECKING:
+    from ctxrl.train.config import TrainConfig
     from ctxrl.train.sft import SFTConfig
 
 MAX_TOKENS = 8192
@@ -678,6 +679,12 @@ class StepSizes:
     engine compiles (``engine.compile``: vLLM)."""
 
 
+GRPO_TWO_PART = True
+"""The GRPO configs' ``train.two_part_attention`` (configs/train_smollm2*.yaml), which the smollm2 bench's update
+runs with: 0.93 of the masked update's time, four of four alternated pairs on a recorded group
+(``scripts/probe_layouts.py --pairs``; docs/train_throughput.md, "Fifteenth run")."""
+
+
 GRPO_SAMPLING = SamplingConfig(temperature=1.0, top_p=1.0)
 """How the GRPO configs sample (configs/train_smollm2*.yaml). On vLLM's CPU build a top-p below 1 sorts the
 whole vocabulary at every decode pass: the smollm2 bench's 8 episodes took 150 s at 0.95 against 122 s at 1
@@ -785,6 +792,20 @@ def legacy_packed_backward(model: Any, rows: Sequence[Any], loss_config: Any, ma
         out.loss.backward()
 
 
+def step_train_config(sizes: StepSizes) -> TrainConfig:
+    """The ``TrainConfig`` the smollm2 benches' update runs with: the GRPO configs' LoRA (r = 16, no dropout)
+    and attention (:data:`GRPO_TWO_PART`), ``sizes``' microbatch, precision and compiled layers."""
+    from ctxrl.train.config import LoraSettings, TrainConfig
+
+    return TrainConfig(
+        lora=LoraSettings(enabled=True, r=16, alpha=32, dropout=0.0),
+        max_tokens_per_microbatch=sizes.max_tokens,
+        mixed_precision="bf16" if sizes.precision == "bf16" else "no",
+        compile=sizes.compile,
+        two_part_attention=GRPO_TWO_PART,
+    )
+
+
 def _smollm2_step(sizes: StepSizes, tmp: Path) -> dict[str, float]:
     """One GRPO step of a real model, timed in parts, and today's update against the one it replaced."""
     import torch
@@ -794,7 +815,6 @@ def _smollm2_step(sizes: StepSizes, tmp: Path) -> dict[str, float]:
     from ctxrl.env.tokenizer import load_tokenizer_dir
     from ctxrl.rewards.advantages import AdvantageConfig
     from ctxrl.train.compile import compile_layers
-    from ctxrl.train.config import LoraSettings, TrainConfig
     from ctxrl.train.credit import CreditConfig, assign_credit
     from ctxrl.train.engines import EngineConfig, make_engine
     from ctxrl.train.engines.scripted import text_policy
@@ -821,12 +841,7 @@ def _smollm2_step(sizes: StepSizes, tmp: Path) -> dict[str, float]:
         tokenizer=tokenizer,
         policy=policy,
     )
-    config = TrainConfig(
-        lora=LoraSettings(enabled=True, dropout=0.0),
-        max_tokens_per_microbatch=sizes.max_tokens,
-        mixed_precision="bf16" if bf16 else "no",
-        compile=sizes.compile,
-    )
+    config = step_train_config(sizes)
     model = load_policy(model_dir, config).train()
     if config.compile:
         compile_layers(model)
