@@ -793,8 +793,9 @@ def legacy_packed_backward(model: Any, rows: Sequence[Any], loss_config: Any, ma
 
 
 def step_train_config(sizes: StepSizes) -> TrainConfig:
-    """The ``TrainConfig`` the smollm2 benches' update runs with: the GRPO configs' LoRA (r = 16, no dropout)
-    and attention (:data:`GRPO_TWO_PART`), ``sizes``' microbatch, precision and compiled layers."""
+    """The ``TrainConfig`` the smollm2 benches' update runs with: the ladder's GRPO LoRA (r = 16, no dropout,
+    configs/train_smollm2_ladder.yaml) and the configs' attention (:data:`GRPO_TWO_PART`); ``sizes``'
+    microbatch, precision and compiled layers."""
     from ctxrl.train.config import LoraSettings, TrainConfig
 
     return TrainConfig(
