@@ -130,7 +130,7 @@ def profile_recorded(path: str, name: str, kinds: list[str]) -> None:
 
 def paired_two_part(path: str, pairs: int, name: str, episodes: int | None) -> None:
     """The ``--pairs`` mode (module docstring)."""
-    from ctxrl.commands.bench_train import alternate_runs, pair_summary
+    from ctxrl.commands.bench_train import time_two_part_pairs
     from ctxrl.train.trajectory import load_trajectories
 
     rows = update_rows(load_trajectories(path)[:episodes])
@@ -146,13 +146,7 @@ def paired_two_part(path: str, pairs: int, name: str, episodes: int | None) -> N
         model.zero_grad(set_to_none=True)
         backward_layout(model, units, config.loss, num_loss_tokens=n, two_part=two_part)
 
-    def report(i: int, seconds: list[float]) -> None:
-        print(f"pair {i + 1}: mask {seconds[0]:.2f} s two-part {seconds[1]:.2f} s", flush=True)
-
-    times = alternate_runs(
-        [lambda: update(False), lambda: update(True)], pairs, warmup=1, reverse_odd=True, after_round=report
-    )
-    print(pair_summary(("mask", "two-part"), times), flush=True)
+    time_two_part_pairs(update, pairs)
 
 
 def main(argv: list[str]) -> None:

@@ -158,20 +158,14 @@ def demo_layouts(
 
 def two_part_pairs(model: Any, units: list[LayoutUnit], n_loss: float, precision: str, pairs: int) -> None:
     """The ``--pairs`` option of ``--demos`` (module docstring)."""
-    from ctxrl.commands.bench_train import alternate_runs, pair_summary
+    from ctxrl.commands.bench_train import time_two_part_pairs
 
     def step(two_part: bool) -> None:
         model.zero_grad(set_to_none=True)
         nll_backward(model, units, num_loss_tokens=n_loss, two_part=two_part)
 
-    def report(i: int, seconds: list[float]) -> None:
-        print(f"pair {i + 1}: mask {seconds[0]:.2f} s two-part {seconds[1]:.2f} s", flush=True)
-
     with precision_context(precision, "cpu"):
-        times = alternate_runs(
-            [lambda: step(False), lambda: step(True)], pairs, warmup=1, reverse_odd=True, after_round=report
-        )
-    print(pair_summary(("mask", "two-part"), times), flush=True)
+        time_two_part_pairs(step, pairs)
 
 
 def trainers(precision: str, name: str, ladder: bool = False) -> None:

@@ -675,6 +675,31 @@ def test_the_smollm2_update_runs_as_the_grpo_configs() -> None:
     assert bench.max_tokens_per_microbatch == short.max_tokens_per_microbatch
 
 
+def test_the_bf16_sections_run_both_trainers_under_autocast_and_compile_only_the_ctxrl_side() -> None:
+    """What the smollm2_bf16* sections change: every trainer's precision, and compiled layers on the ctxrl
+    side only (the fp32 section neither)."""
+    from ctxrl.commands.bench_train import (
+        SFT_SETUPS,
+        SMOL,
+        SMOL_BF16,
+        SMOL_BF16_COMPILED,
+        sft_setup_config,
+        step_train_config,
+    )
+
+    for sizes, precision, compiled in (
+        (SMOL, "no", False),
+        (SMOL_BF16, "bf16", False),
+        (SMOL_BF16_COMPILED, "bf16", True),
+    ):
+        update = step_train_config(sizes)
+        assert (update.mixed_precision, update.compile) == (precision, compiled)
+        for setup in SFT_SETUPS.values():
+            ours, trl = (sft_setup_config(setup, t, sizes, 4) for t in ("ctxrl", "trl"))
+            assert (ours.mixed_precision, ours.compile) == (precision, compiled)
+            assert (trl.mixed_precision, trl.compile) == (precision, False)
+
+
 def test_alternate_runs_times_each_side_every_round_and_swaps_the_order_in_pairs() -> None:
     """The paired timings the probes use: every side once a round, in reverse order every other round, the
     untimed warm-up excluded, each round reported; the summary's ratio is the median of the per-pair ratios."""

@@ -93,7 +93,7 @@ from ctxrl.train.engines import SamplingConfig, engine_spec
 from ctxrl.train.trajectory import EpisodeRecord, StepCost, StepRecord
 
 if TYPE_CHECKING:
-    from ctxrl.train.config import TrainConfig
+    from ctxrl.train.config import LoraSettings, TrainConfig
     from ctxrl.train.sft import SFTConfig
 
 MAX_TOKENS = 8192
@@ -494,6 +494,20 @@ def pair_summary(names: tuple[str, str], times: Sequence[Sequence[float]]) -> st
     )
 
 
+def time_two_part_pairs(step: Callable[[bool], None], pairs: int) -> None:
+    """``step(two_part)`` with the mask (False) and in two parts (True), timed in ``pairs`` alternated pairs
+    after one untimed round (:func:`alternate_runs`, mask first in odd pairs): prints each pair's seconds and
+    the :func:`pair_summary` (the probes' ``--pairs``)."""
+
+    def report(i: int, seconds: list[float]) -> None:
+        print(f"pair {i + 1}: mask {seconds[0]:.2f} s two-part {seconds[1]:.2f} s", flush=True)
+
+    times = alternate_runs(
+        [lambda: step(False), lambda: step(True)], pairs, warmup=1, reverse_odd=True, after_round=report
+    )
+    print(pair_summary(("mask", "two-part"), times), flush=True)
+
+
 def _alternate(fns: Sequence[Callable[[], None]], repeats: int, *, warmup: int = 0) -> list[Timing]:
     """The timings of ``fns``, run in turn (``warmup`` untimed rounds, then ``repeats`` timed), so a busy
     machine slows every side of a ratio alike."""
@@ -678,6 +692,11 @@ class StepSizes:
     legacy update runs eager, TRL as configs/sft_smollm2.yaml sets it up), and the engine's model where the
     engine compiles (``engine.compile``: vLLM)."""
 
+    @property
+    def mixed_precision(self) -> Literal["bf16", "no"]:
+        """The trainers' ``mixed_precision`` setting for this precision."""
+        return "bf16" if self.precision == "bf16" else "no"
+
 
 GRPO_TWO_PART = True
 """The GRPO configs' ``train.two_part_attention`` (configs/train_smollm2*.yaml), which the smollm2 bench's update
@@ -792,16 +811,24 @@ def legacy_packed_backward(model: Any, rows: Sequence[Any], loss_config: Any, ma
         out.loss.backward()
 
 
+def configs_lora() -> LoraSettings:
+    """The LoRA adapter of the SmolLM2 SFT configs and of the ladder's GRPO config: r = 16, alpha 32, no dropout
+    (on a CPU the adapters' input dropout took a fifth of an SFT step)."""
+    from ctxrl.train.config import LoraSettings
+
+    return LoraSettings(enabled=True, r=16, alpha=32, dropout=0.0)
+
+
 def step_train_config(sizes: StepSizes) -> TrainConfig:
     """The ``TrainConfig`` the smollm2 benches' update runs with: the ladder's GRPO LoRA (r = 16, no dropout,
     configs/train_smollm2_ladder.yaml) and the configs' attention (:data:`GRPO_TWO_PART`); ``sizes``'
     microbatch, precision and compiled layers."""
-    from ctxrl.train.config import LoraSettings, TrainConfig
+    from ctxrl.train.config import TrainConfig
 
     return TrainConfig(
-        lora=LoraSettings(enabled=True, r=16, alpha=32, dropout=0.0),
+        lora=configs_lora(),
         max_tokens_per_microbatch=sizes.max_tokens,
-        mixed_precision="bf16" if sizes.precision == "bf16" else "no",
+        mixed_precision=sizes.mixed_precision,
         compile=sizes.compile,
         two_part_attention=GRPO_TWO_PART,
     )
@@ -994,7 +1021,6 @@ def sft_setup_config(
 ) -> SFTConfig:
     """The ``SFTConfig`` one trainer runs ``setup`` with in :func:`_sft_speedup`: the configs' LoRA, sizes and
     attention; what only the ctxrl trainer has (step cuts, compiled layers, two-part attention) off for TRL."""
-    from ctxrl.train.config import LoraSettings
     from ctxrl.train.sft import SFTConfig
 
     ours = trainer == "ctxrl"
@@ -1005,8 +1031,8 @@ def sft_setup_config(
         max_seq_len=setup.max_seq_len,
         batch_tokens=setup.batch_tokens,
         steps_by=setup.steps_by if ours else "example",
-        lora=LoraSettings(enabled=True, r=16, alpha=32, dropout=0.0),
-        mixed_precision="bf16" if sizes.precision == "bf16" else "no",
+        lora=configs_lora(),
+        mixed_precision=sizes.mixed_precision,
         compile=sizes.compile and ours,
         two_part_attention=setup.two_part and ours,
     )
