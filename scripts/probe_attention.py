@@ -218,4 +218,7 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        print(__doc__)
+    else:
+        main(sys.argv[1:])

@@ -3,6 +3,7 @@ rotted once: a renamed config accessor broke it with nothing in the suite to not
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -145,3 +146,11 @@ def test_sft_step_probe_compares_the_trainers_under_the_preload_it_is_given() ->
         assert figures[f"sft_speedup{suffix}"] == pytest.approx(ratio, rel=1e-3)
     # the ladder's SFT path is measured against the one TRL run at configs/sft_smollm2.yaml's sizes
     assert figures["sft_trl_tokens_per_s_ladder"] == figures["sft_trl_tokens_per_s"]
+
+
+@pytest.mark.parametrize("name", ["probe_layouts.py", "probe_attention.py", "probe_sft_step.py"])
+def test_each_probe_answers_help_with_its_usage_and_runs_nothing(name: str) -> None:
+    # These probes read their arguments by position; `--help` once reached int() and ended in a traceback.
+    doc = ast.get_docstring(ast.parse((ROOT / "scripts" / name).read_text()), clean=False)
+    assert doc and f"python scripts/{name}" in doc
+    assert run_script(name, "--help", timeout=120) == doc + "\n"  # the usage, and nothing timed after it
