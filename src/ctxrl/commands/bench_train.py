@@ -700,8 +700,9 @@ class StepSizes:
 
 GRPO_TWO_PART = True
 """The GRPO configs' ``train.two_part_attention`` (configs/train_smollm2*.yaml), which the smollm2 bench's update
-runs with: 0.93 of the masked update's time, four of four alternated pairs on a recorded group
-(``scripts/probe_layouts.py --pairs``; docs/train_throughput.md, "Fifteenth run")."""
+runs with: 0.93 of the masked update's time on an EPYC (four of four alternated pairs on a recorded group) and
+0.97 on a Xeon with AMX (two of three) (``scripts/probe_layouts.py --pairs``; docs/train_throughput.md,
+"Fifteenth run" and "Sixteenth run")."""
 
 
 GRPO_SAMPLING = SamplingConfig(temperature=1.0, top_p=1.0)

@@ -21,9 +21,10 @@ It runs on the CPU flash-attention kernel (``aten._scaled_dot_product_flash_atte
 the log-sum-exp); on other devices, or under a model whose layers use sliding windows, :func:`prefix_attention`
 leaves the model's own attention in place. Opt-in (``train.two_part_attention``, ``sft.two_part_attention``):
 timed one after another on this project's 2-core CPU it was not measurably faster than the masked path
-(``scripts/probe_attention.py``); alternated with it step by step it was faster in every pair, on the ladder's
+(``scripts/probe_attention.py``); alternated with it step by step it was faster by the median, on the ladder's
 float32 SFT step (``scripts/probe_sft_step.py --pairs``) and on a recorded group's GRPO update
-(``scripts/probe_layouts.py --pairs``), so the SmolLM2 configs turn it on (docs/train_throughput.md).
+(``scripts/probe_layouts.py --pairs``: 7 % on an EPYC, 3 % on a Xeon with AMX), so the SmolLM2 configs turn it
+on (docs/train_throughput.md).
 Right padding needs no mask: a real token's keys all come before any
 pad, and pads carry no loss.
 """

@@ -128,9 +128,9 @@ class TrainConfig:
     prefix without a mask, their own tokens causal) instead of through the dense mask transformers builds
     (:mod:`ctxrl.train.attention`; the same loss and gradients within float rounding). Off by default (timed one
     after another on six SmolLM2 rows it was not reliably faster: docs/train_throughput.md, "Two-part
-    attention"); alternated in pairs it was faster in every pair, so the SmolLM2 configs turn it on: the GRPO
-    update of a recorded group at 0.93 of the masked one's time ("Fifteenth run"), the float32 SFT step
-    (``sft.two_part_attention``) at 0.91 ("Fourteenth run")."""
+    attention"); alternated in pairs it was faster by the median, so the SmolLM2 configs turn it on: the GRPO
+    update of a recorded group at 0.93 of the masked one's time on an EPYC ("Fifteenth run") and 0.97 on a Xeon
+    with AMX ("Sixteenth run"), the float32 SFT step (``sft.two_part_attention``) at 0.91 ("Fourteenth run")."""
     compile: bool = False
     """Compile each decoder layer with ``torch.compile`` (:mod:`ctxrl.train.compile`): the first update of a
     run compiles (about 2 minutes for SmolLM2 on 2 cores), later ones run fused kernels. Off by default: on a
