@@ -24,6 +24,7 @@ from ctxrl.train.rows import (
     plain_units,
     row_stats,
     share_prefixes,
+    update_flops,
 )
 
 
@@ -267,6 +268,29 @@ def test_shared_prefix_is_laid_out_once_and_the_suffixes_continue_it() -> None:
     assert sum(u.num_tokens for u in units) == 300 + 240 + 200 + 80
     assert layout_flops(units, SIZES) < layout_flops(plain_units(pack_rows(rows, 4096)), SIZES)
     assert layout_kind(cheapest_layout(rows, 4096, 0, SIZES)) == "shared"
+
+
+def test_two_part_attention_prices_a_suffix_lines_own_block_causal() -> None:
+    # a 300-token prefix and a batch of two 40-token suffix lines; 4 * 4 layers * 128 = 2,048 FLOPs a pair
+    units = share_prefixes(shared_rows(300, [40, 40]), 4096, pad_id=0)
+    assert [(u.prefix_len, [mb.input_ids.shape for mb in u.batches]) for u in units] == [(300, [(2, 40)])]
+    dense = 2 * 1_000_000 * (300 + 2 * 40) + 2 * 100_000 * 2  # body per token, head at each line's loss token
+    masked = 300 * 300 / 2 + 2 * 40 * (300 + 40)  # the dense mask: every pair of the suffix block computed
+    two_part = 300 * 300 / 2 + 2 * (40 * 300 + 40 * 40 / 2)  # its own block causal
+    assert layout_flops(units, SIZES) == dense + 2048 * masked
+    assert layout_flops(units, SIZES, two_part=True) == dense + 2048 * two_part
+    # the update: the backward repeats the matmuls once and the attention twice
+    assert update_flops(units, SIZES, two_part=True) == 2 * dense + 3 * 2048 * two_part
+    assert update_flops(units, SIZES) == 2 * dense + 3 * 2048 * masked
+
+
+def test_two_part_pricing_shares_a_prefix_the_mask_would_not() -> None:
+    # two 300-token suffixes after 64 shared tokens: with the mask each suffix computes 300 x 364 pairs, more
+    # than padding both whole rows (364^2 / 2 each) saves by computing the prefix once; in two parts sharing
+    # is never dearer than padding
+    rows = shared_rows(64, [300, 300])
+    assert layout_kind(cheapest_layout(rows, 4096, 0, SIZES)) == "padded"
+    assert layout_kind(cheapest_layout(rows, 4096, 0, SIZES, two_part=True)) == "shared"
 
 
 def test_the_shared_prefix_stops_before_any_loss_token() -> None:

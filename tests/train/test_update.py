@@ -350,6 +350,49 @@ def test_two_part_attention_replaces_the_mask_and_keeps_the_gradients(
     assert_same(supervised_two_part, supervised(False))
 
 
+@pytest.mark.parametrize("two_part", [False, True])
+def test_packing_auto_prices_the_attention_each_trainer_will_run(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, two_part: bool
+) -> None:
+    """``packing: auto`` prices shared prefixes as the update attends to them: in two parts where
+    ``train.two_part_attention`` / ``sft.two_part_attention`` is on and the model runs it
+    (:func:`two_part_runs`), with the mask otherwise; the GRPO update and the SFT path both pass it on."""
+    from accelerate import Accelerator
+
+    from ctxrl.train import update
+    from ctxrl.train.config import LoraSettings, TrainConfig
+    from ctxrl.train.policy import load_policy
+    from ctxrl.train.sft import SFTConfig, SFTExample, train_sft
+    from ctxrl.train.update import grpo_update
+
+    priced: list[bool] = []
+    real = update.cheapest_layout
+
+    def spy(*args: Any, two_part: bool = False, **kw: Any) -> Any:
+        priced.append(two_part)
+        return real(*args, two_part=two_part, **kw)
+
+    monkeypatch.setattr(update, "cheapest_layout", spy)
+    config = TrainConfig(lora=LoraSettings(enabled=True, r=4, dropout=0.0), two_part_attention=two_part)
+    model = load_policy(tiny_model_dir, config).train()
+    assert update.two_part_runs(model, two_part) is two_part  # the tiny model: SDPA on the CPU
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    rows = group_rows(model.config.vocab_size, groups=1, episodes=2, prefix=40)
+    grpo_update(
+        Accelerator(cpu=True), model, optimizer, rows, config,
+        pad_id=0, sizes=layout_sizes(model), packs=True, shared_ok=True,
+    )  # fmt: skip
+    assert priced == [two_part]
+    priced.clear()
+    examples = [SFTExample(r.input_ids, r.loss_mask, r.episode, (0,)) for r in rows]
+    sft = SFTConfig(max_steps=1, max_seq_len=512, batch_tokens=4096, two_part_attention=two_part)
+    train_sft(sft, tiny_model_dir, examples, tmp_path / "sft", progress=False)
+    assert priced == [two_part]
+    # a model the two-part attention does not run on is priced with the mask whatever the setting
+    model.config._attn_implementation = "eager"
+    assert not update.two_part_runs(model, True)
+
+
 def _update_under(model_dir: Path, mixed: str) -> tuple[dict[str, torch.Tensor], set[torch.dtype], Any]:
     """One trainer update (:func:`grpo_update`, LoRA) of :func:`group_rows` with ``train.mixed_precision``
     set to ``mixed``: the gradients it stepped on, the dtypes the attention projections returned, the model."""

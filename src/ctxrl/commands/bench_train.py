@@ -52,7 +52,10 @@ population std + ``eps`` (1e-6).
 engine, 8 episodes of one ``short`` retention task in file mode, sampled as the GRPO configs sample
 (:data:`GRPO_SAMPLING`; runs before 2026-12-06 10:00 UTC sampled at temperature 0.7, top-p 0.95), timed in parts (rollout, update, weight
 sync), the update against the one it replaced (packed lines with full logits), FLOP and memory-bandwidth
-efficiencies against this machine's measured matmul rate and copy bandwidth; then ``sft_speedup``, the SFT
+efficiencies against this machine's measured matmul rate and copy bandwidth (the update's FLOPs:
+:func:`ctxrl.train.rows.update_flops`, the attention's backward at twice its forward and the pairs the two-part
+attention skips left out; runs before 2026-12-07 16:30 UTC counted twice the forward with every pair of the
+mask, 5 % fewer on a recorded group with two-part attention, 15 % fewer with the mask); then ``sft_speedup``, the SFT
 path against TRL's ``SFTTrainer`` on the same demonstrations, one sequence a step;
 ``sft_speedup_ladder``, the SFT path as the learning benchmark runs it (configs/sft_smollm2_ladder.yaml's
 16k-token steps) against that same TRL run; and ``sft_speedup_episode_steps``, both trainers at the ladder's
@@ -850,8 +853,8 @@ def _smollm2_step(sizes: StepSizes, tmp: Path) -> dict[str, float]:
     from ctxrl.train.models import get_model
     from ctxrl.train.policy import load_policy
     from ctxrl.train.rollout import RolloutConfig, rollout
-    from ctxrl.train.rows import episode_rows, layout_flops, layout_kind, pack_rows, plain_units
-    from ctxrl.train.update import layout_sizes, precision_context
+    from ctxrl.train.rows import episode_rows, layout_kind, pack_rows, plain_units, update_flops
+    from ctxrl.train.update import layout_sizes, precision_context, two_part_runs
 
     bf16 = sizes.precision == "bf16"
     model_dir = get_model(sizes.model, tmp / "step-model" if sizes.model == "tiny" else None)
@@ -919,9 +922,9 @@ def _smollm2_step(sizes: StepSizes, tmp: Path) -> dict[str, float]:
     new, old = _alternate([update, legacy], sizes.repeats)
     new_s, old_s = new.median, old.median
     packed_units = plain_units(pack_rows(rows, sizes.max_tokens))
-    # model FLOPs of the update: forward + the backward to the activations (LoRA: the frozen weights take no
-    # gradient; the adapters' own FLOPs are a rounding error at r = 16)
-    update_flops = 2.0 * layout_flops(units, geometry)
+    # model FLOPs of the update as its kernels compute them: forward + the backward to the activations, the
+    # attention as the update runs it (two parts or the mask)
+    flops = update_flops(units, geometry, two_part=two_part_runs(model, config.two_part_attention))
     matmul = matmul_flops_per_s(sizes.matmul_n)
     # the targets are against the fp32 rate; in bf16 the bf16 rate says how far the work is from its own bound
     matmul_bf16 = matmul_flops_per_s(sizes.matmul_n, dtype=torch.bfloat16) if bf16 else None
@@ -934,7 +937,7 @@ def _smollm2_step(sizes: StepSizes, tmp: Path) -> dict[str, float]:
         "smollm2_update_speedup": old_s / new_s,
         "smollm2_update_s": new_s,
         "smollm2_legacy_update_s": old_s,
-        "update_flops_efficiency": update_flops / new_s / matmul,
+        "update_flops_efficiency": flops / new_s / matmul,
         "matmul_gflops": matmul / 1e9,
         "smollm2_rollout_s": rollout_s,
         "smollm2_step_s": rollout_s + update_s + sync_s,
@@ -944,7 +947,7 @@ def _smollm2_step(sizes: StepSizes, tmp: Path) -> dict[str, float]:
     }
     if matmul_bf16 is not None:
         figures["matmul_bf16_gflops"] = matmul_bf16 / 1e9
-        figures["update_flops_efficiency_vs_bf16"] = update_flops / new_s / matmul_bf16
+        figures["update_flops_efficiency_vs_bf16"] = flops / new_s / matmul_bf16
     if engine_spec(
         sizes.engine
     ).has_model:  # a scripted engine runs no model: its rollout does no model FLOPs

@@ -593,14 +593,16 @@ def head_positions(mb: Microbatch) -> int:
     return int(needed.sum()) * int(mb.input_ids.shape[0])
 
 
-def layout_flops(units: Sequence[LayoutUnit], sizes: LayoutSizes) -> float:
+def layout_flops(units: Sequence[LayoutUnit], sizes: LayoutSizes, *, two_part: bool = False) -> float:
     """Estimated FLOPs of one forward pass over a layout: ``2·body_params`` per token through the model
     (padding and each prefix once included), ``2·head_params`` per logit position (:func:`head_positions`),
     and the attention scores, ``4·n_layers·attn_width`` per query-key pair the kernel computes — a packed
     line pays for every pair of its ``T`` tokens (the block mask hides pairs across rows, SDPA still computes
     them), a padded line and a prefix for ``S²/2`` (no mask: right padding needs none under causal attention,
     and the causal kernel skips the upper triangle), a suffix line for ``S·(P + S)`` (a dense mask offsets
-    its causal triangle past the prefix, and the kernel computes every pair).
+    its causal triangle past the prefix, and the kernel computes every pair). With ``two_part`` (the suffixes
+    and nested prefixes attend to what they continue in two parts, :mod:`ctxrl.train.attention`) a suffix line
+    pays ``S·P + S²/2``: its own block is causal again.
 
     >>> a = Row([1, 2, 3], [0, 0, 1], [0, 0, -0.5], [0, 0, 2.0], [0, 0, 0], [(2, 3)], 0, 0, (0,))
     >>> sizes = LayoutSizes(body_params=10, head_params=5, n_layers=1, attn_width=1)
@@ -609,21 +611,47 @@ def layout_flops(units: Sequence[LayoutUnit], sizes: LayoutSizes) -> float:
     >>> layout_flops(plain_units(pad_rows([a, a], 8, 0)), sizes)  # 2*10*6 + 2*5*2*1 + 4*2*9/2
     176.0
     """
+    dense, attention = _flop_parts(units, sizes, two_part)
+    return dense + attention
+
+
+def update_flops(units: Sequence[LayoutUnit], sizes: LayoutSizes, *, two_part: bool = False) -> float:
+    """Model FLOPs of one update over a layout, as its kernels compute them (:func:`layout_flops`'s pairs): the
+    forward and the backward to the activations. The backward repeats each matmul's FLOPs once (the input's
+    gradient; the frozen weights take none, and LoRA's own at r = 16 are a rounding error) and each
+    attention's twice (four products per query-key pair against the forward's two: the gradients of the
+    scores, the queries, the keys and the values).
+
+    >>> a = Row([1, 2, 3], [0, 0, 1], [0, 0, -0.5], [0, 0, 2.0], [0, 0, 0], [(2, 3)], 0, 0, (0,))
+    >>> sizes = LayoutSizes(body_params=10, head_params=5, n_layers=1, attn_width=1)
+    >>> update_flops(plain_units(pad_rows([a, a], 8, 0)), sizes)  # 2*(2*10*6 + 2*5*2*1) + 3*4*2*9/2
+    388.0
+    """
+    dense, attention = _flop_parts(units, sizes, two_part)
+    return 2.0 * dense + 3.0 * attention
+
+
+def _flop_parts(units: Sequence[LayoutUnit], sizes: LayoutSizes, two_part: bool) -> tuple[float, float]:
+    """:func:`layout_flops` in two parts: the matmuls of the body and the head, and the attention."""
     attn = 4.0 * sizes.n_layers * sizes.attn_width
-    total = 0.0
+    dense = attention = 0.0
     for unit in units:
         p, before = unit.prefix_len, unit.offset
-        # a root prefix is causal without a mask; a child's attends to its ancestors' through a dense one
-        total += 2.0 * sizes.body_params * p + attn * (p * p / 2 if before == 0 else p * (before + p))
-        total += layout_flops(unit.children, sizes)
+        # a root prefix is causal without a mask; a child's attends to its ancestors' through a dense one,
+        # or in two parts (the ancestors' keys whole, its own causal)
+        dense += 2.0 * sizes.body_params * p
+        attention += attn * (p * p / 2 + p * before if before == 0 or two_part else p * (before + p))
+        d, a = _flop_parts(unit.children, sizes, two_part)
+        dense, attention = dense + d, attention + a
         for mb in unit.batches:
             lines, width = mb.input_ids.shape
+            own = width * width / 2 if two_part else width * width
             keys = {"packed": width * width, "padded": width * width / 2}.get(
-                mb.kind, width * (mb.prefix_len + width)
+                mb.kind, width * mb.prefix_len + own
             )
-            total += lines * (2.0 * sizes.body_params * width + attn * keys)
-            total += 2.0 * sizes.head_params * head_positions(mb)
-    return total
+            dense += lines * 2.0 * sizes.body_params * width + 2.0 * sizes.head_params * head_positions(mb)
+            attention += lines * attn * keys
+    return dense, attention
 
 
 LayoutKind = Literal["packed", "padded", "shared"]
@@ -647,9 +675,11 @@ def cheapest_layout(
     pad_id: int,
     sizes: LayoutSizes,
     kinds: Sequence[LayoutKind] = ("shared", "packed", "padded"),
+    *,
+    two_part: bool = False,
 ) -> list[LayoutUnit]:
     """The layout of ``rows`` among ``kinds`` that :func:`layout_flops` prices lowest (ties: the earlier
-    kind). Shared prefixes win when rows of a group begin alike (every GRPO group does); padding when they
+    kind; ``two_part``: shared layouts priced as the two-part attention runs them). Shared prefixes win when rows of a group begin alike (every GRPO group does); padding when they
     share little (its attention skips the pairs across rows that a packed line computes, and
     :data:`PAD_SLACK` keeps ragged rows in batches of their own); packing when short rows of different lengths
     would pad by up to :data:`PAD_SLACK_TOKENS` each, more than packing's extra attention costs."""
@@ -657,7 +687,7 @@ def cheapest_layout(
     best_flops = 0.0
     for kind in kinds:
         layout = build_layout(rows, kind, max_tokens, pad_id)
-        flops = layout_flops(layout, sizes)
+        flops = layout_flops(layout, sizes, two_part=two_part)
         if best is None or flops < best_flops:
             best, best_flops = layout, flops
     assert best is not None, "at least one layout kind"

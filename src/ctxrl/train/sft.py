@@ -726,7 +726,7 @@ def _train_sft_ctxrl(
 
     from ctxrl.train.logprobs import packing_supported
     from ctxrl.train.rows import layout_kind
-    from ctxrl.train.update import layout_sizes, make_layout, nll_backward, precision_context
+    from ctxrl.train.update import layout_sizes, make_layout, nll_backward, precision_context, two_part_runs
 
     if config.lora.enabled:
         from peft import get_peft_model
@@ -743,6 +743,7 @@ def _train_sft_ctxrl(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(config, len(steps)))
     rows = sft_rows(examples)
     sizes, packs = layout_sizes(model), packing_supported(model)
+    two_part = two_part_runs(model, config.two_part_attention)
     pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
     log: list[dict[str, float]] = []
     kinds: set[str] = set()
@@ -756,7 +757,9 @@ def _train_sft_ctxrl(
     start = time.perf_counter()
     for k, members in enumerate(steps):
         chosen = [rows[i] for i in members]
-        units = make_layout(chosen, config.packing, config.max_seq_len, pad_id, sizes, packs=packs)
+        units = make_layout(
+            chosen, config.packing, config.max_seq_len, pad_id, sizes, packs=packs, two_part=two_part
+        )
         kinds.add(layout_kind(units))
         n_loss = float(sum(r.num_loss_tokens for r in chosen))
         if n_loss == 0:

@@ -39,7 +39,7 @@ import torch
 
 from ctxrl.errors import ConfigError
 from ctxrl.rewards.cost import ModelGeometry
-from ctxrl.train.attention import prefix_attention
+from ctxrl.train.attention import prefix_attention, supports_prefix_attention
 from ctxrl.train.compile import eager_cache_class
 from ctxrl.train.config import TrainConfig
 from ctxrl.train.logprobs import packing_supported, token_logprobs
@@ -77,6 +77,13 @@ def layout_sizes(model: Any) -> LayoutSizes | None:
     )
 
 
+def two_part_runs(model: Any, enabled: bool) -> bool:
+    """Whether an update of ``model`` with ``train.two_part_attention`` / ``sft.two_part_attention`` set to
+    ``enabled`` really attends in two parts (:func:`ctxrl.train.attention.prefix_attention` leaves other
+    devices and sliding-window models to their own attention): how :func:`make_layout` should price it."""
+    return enabled and supports_prefix_attention(model)
+
+
 def make_layout(
     rows: Sequence[Row],
     packing: Packing,
@@ -86,10 +93,12 @@ def make_layout(
     *,
     packs: bool = True,
     shared_ok: bool = True,
+    two_part: bool = False,
 ) -> list[LayoutUnit]:
     """The units of one update. ``packing: auto`` prices every layout the model and the process allow (shared
     prefixes when ``shared_ok``, packed lines when the model honours packing, ``packs``) and takes the
-    cheapest; with unknown ``sizes`` it takes the first allowed of shared, packed, padded."""
+    cheapest; with unknown ``sizes`` it takes the first allowed of shared, packed, padded. ``two_part``: the
+    update will attend to shared prefixes in two parts (:func:`two_part_runs`), so they are priced so."""
     kinds: list[LayoutKind] = []
     if shared_ok:
         kinds.append("shared")
@@ -105,7 +114,7 @@ def make_layout(
         return build_layout(rows, packing, max_tokens, pad_id)
     if sizes is None:
         return build_layout(rows, kinds[0], max_tokens, pad_id)
-    return cheapest_layout(rows, max_tokens, pad_id, sizes, kinds)
+    return cheapest_layout(rows, max_tokens, pad_id, sizes, kinds, two_part=two_part)
 
 
 def empty_unit(pad_id: int) -> LayoutUnit:
@@ -521,6 +530,7 @@ def grpo_update(
             sizes,
             packs=packs,
             shared_ok=shared_ok,
+            two_part=two_part_runs(model, config.two_part_attention),
         )
         for part in split_by_episode(rows, config.updates_per_rollout)
     ]
