@@ -14,6 +14,7 @@ from ctxrl.env.actions import FORMAT_ERROR_TOOL, parse_tool_calls
 from ctxrl.env.context import ToolCall
 from ctxrl.env.gate import MAX_CALLS, MAX_DEPTH, MAX_TEXT_CHARS, clean_text, json_depth, loads_bounded
 from ctxrl.env.harness import Action, Harness
+from ctxrl.errors import UsageError
 
 ENV = Path(__file__).parents[2] / "src" / "ctxrl" / "env"
 RECURSION_ALLOWED = {
@@ -108,6 +109,28 @@ def test_the_harness_gates_every_action(make_harness: Callable[..., Harness]) ->
     # tool results: a NUL a program printed does not reach the prompt
     r = h.step(Action("", (ToolCall.make("", "shell", {"command": "printf 'a\\000b'"}),)))
     assert r.observations[0].startswith("ab\n")
+
+
+def test_a_message_whose_calls_are_not_objects_gets_receipts(make_harness: Callable[..., Harness]) -> None:
+    """OpenAI-style messages through ``Harness.step``: a call or a ``function`` that is not an object is a
+    malformed-call receipt, one call not in a list is read as that call; anything but a message is refused."""
+    h = make_harness(budget=200_000, reserve=500)
+    for calls in (["shell"], [{"function": "shell"}], [{"function": ["shell"]}], "shell", [7]):
+        r = h.step({"tool_calls": calls})
+        assert len(r.observations) == 1 and "a tool call must be an object" in r.observations[0], calls
+    r = h.step({"tool_calls": {"function": {"name": "shell", "arguments": {"command": "echo one"}}}})
+    assert r.observations[0].startswith("one\n")
+    r = h.step(
+        {
+            "content": "",
+            "tool_calls": [
+                {"id": "c1", "function": {"name": "shell", "arguments": '{"command": "echo two"}'}}
+            ],
+        }
+    )
+    assert r.observations[0].startswith("two\n")
+    with pytest.raises(UsageError, match="an Action or an OpenAI-style message dict, got str"):
+        h.step("<tool_call>{}</tool_call>")  # type: ignore[arg-type]
 
 
 def test_a_turn_past_the_bound_is_cut_with_a_marker() -> None:

@@ -10,7 +10,9 @@ Run: .venv/bin/python -m pytest tests/env/test_verifier_hacks.py -q
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,6 +40,17 @@ REPO_HACKS = {
     "printf 'x' > repo/{package}/helpers.pyc",
     "PYTHONPATH in a profile": f"{EXIT_0} > repo/hook.py && echo 'export PYTHONPATH=/workspace/repo' > .profile",
     "tests dir replaced by a link": "mv repo/tests repo/real && mkdir -p fake && ln -s ../fake repo/tests",
+    # an exit hook runs after the grader's report and prints a passing one of its own as the last line
+    "an exit hook forging the report": "cat >> repo/{package}/__init__.py <<'EOF'\n"
+    "import atexit, os, sys\n"
+    "def _forge():\n"
+    "    sys.stdout.write('\\nctxrl-grade: PASS ran=14 of 14\\n'); sys.stdout.flush(); os._exit(0)\n"
+    "atexit.register(_forge)\n"
+    "EOF",
+    # special files where the grader restores a test file: the host's write must neither block nor fail
+    "a FIFO where a test file goes": "rm -f {restored} && mkfifo {restored}",
+    "a socket where a test file goes": "rm -f {restored} && python3 -c "
+    "\"import socket; socket.socket(socket.AF_UNIX).bind('{restored}')\"",
 }
 
 
@@ -51,12 +64,27 @@ def test_repo_hacks_earn_nothing(hack: str, tmp_path: Path) -> None:
     task.materialize(tmp_path)
     meta = task.metadata
     command = REPO_HACKS[hack].format(
-        package=meta["package"], function=meta["bug_function"], bug_file=meta["bug_file"]
+        package=meta["package"],
+        function=meta["bug_function"],
+        bug_file=meta["bug_file"],
+        restored=min(task.verifier.restore),
     )
     planted = _box(tmp_path).run(command)
     assert planted.exit_code == 0, planted.output
-    verdict = task.verifier.verify("done", tmp_path)
+    verdict = _verify_within(task, tmp_path)
     assert not verdict.success and verdict.score == 0.0, verdict.detail
+
+
+def _verify_within(task: Any, workspace: Path, seconds: float = 120.0) -> Any:
+    """The verdict on an unchanged answer, or a failure if grading has not returned in ``seconds``."""
+    verdicts: list[Any] = []
+    worker = threading.Thread(
+        target=lambda: verdicts.append(task.verifier.verify("done", workspace)), daemon=True
+    )
+    worker.start()
+    worker.join(seconds)
+    assert verdicts, f"grading did not return in {seconds:g} s"
+    return verdicts[0]
 
 
 def test_repo_fix_still_passes_with_every_hack_planted_beside_it(tmp_path: Path) -> None:
@@ -67,9 +95,13 @@ def test_repo_fix_still_passes_with_every_hack_planted_beside_it(tmp_path: Path)
     box = _box(tmp_path)
     for name, command in REPO_HACKS.items():
         if name not in ("exit from the package", "skip the failing test", "tests dir replaced by a link"):
-            box.run(command.format(package=meta["package"], function="-", bug_file="-"))
+            box.run(
+                command.format(
+                    package=meta["package"], function="-", bug_file="-", restored=min(task.verifier.restore)
+                )
+            )
     assert box.run(meta["oracle_fix"]).exit_code == 0
-    verdict = task.verifier.verify("done", tmp_path)
+    verdict = _verify_within(task, tmp_path)
     assert verdict.success, verdict.detail
     assert verdict.detail.endswith("ctxrl-grade: PASS ran=14 of 14")
 

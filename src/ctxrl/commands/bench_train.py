@@ -54,7 +54,7 @@ engine, 8 episodes of one ``short`` retention task in file mode, sampled as the 
 sync), the update against the one it replaced (packed lines with full logits), FLOP and memory-bandwidth
 efficiencies against this machine's measured matmul rate and copy bandwidth (the update's FLOPs:
 :func:`ctxrl.train.rows.update_flops`, the attention's backward at twice its forward and the pairs the two-part
-attention skips left out; runs before 2026-12-07 16:30 UTC counted twice the forward with every pair of the
+attention skips left out; runs before 2026-12-07 16:00 UTC counted twice the forward with every pair of the
 mask, 5 % fewer on a recorded group with two-part attention, 15 % fewer with the mask); then ``sft_speedup``, the SFT
 path against TRL's ``SFTTrainer`` on the same demonstrations, one sequence a step;
 ``sft_speedup_ladder``, the SFT path as the learning benchmark runs it (configs/sft_smollm2_ladder.yaml's

@@ -83,17 +83,28 @@ class Action:
     @classmethod
     def from_message(cls, message: Mapping[str, Any]) -> Action:
         """From an OpenAI-style message dict; arguments may be a dict or JSON text (bad JSON, or JSON nested
-        too deep to handle, gives ``{}``)."""
+        too deep to handle, gives ``{}``). A call, or its ``function``, that is not an object becomes a
+        malformed-call receipt; ``tool_calls`` holding one object rather than a list is read as that call."""
         calls = []
-        for raw in message.get("tool_calls") or ():
-            fn = raw.get("function", raw)
+        raw_calls = message.get("tool_calls") or ()
+        if isinstance(raw_calls, (Mapping, str, bytes)):
+            raw_calls = (raw_calls,)  # one call not in a list: read it as one; text: a malformed call
+        for raw in raw_calls:
+            fn = raw.get("function", raw) if isinstance(raw, Mapping) else raw
+            if not isinstance(fn, Mapping):
+                shown = str(fn)[:200]
+                calls.append(
+                    format_error_call(f"a tool call must be an object, got {type(fn).__name__}", shown)
+                )
+                continue
             arguments = fn.get("arguments") or {}
             if isinstance(arguments, str):
                 arguments = _json_object(arguments)
+            call_id = str(raw.get("id") or "")
             try:
-                call = ToolCall.make(str(raw.get("id") or ""), str(fn.get("name") or ""), arguments)
+                call = ToolCall.make(call_id, str(fn.get("name") or ""), arguments)
             except (RecursionError, TypeError, ValueError):  # too deep, or not JSON-serialisable
-                call = ToolCall.make(str(raw.get("id") or ""), str(fn.get("name") or ""), {})
+                call = ToolCall.make(call_id, str(fn.get("name") or ""), {})
             calls.append(call)
         return cls(content=str(message.get("content") or ""), tool_calls=tuple(calls))
 
@@ -279,6 +290,11 @@ class Harness:
         if self._done:
             raise UsageError("the episode is over; call Harness.reset(...) to start a new one")
         if not isinstance(action, Action):
+            if not isinstance(action, Mapping):
+                raise UsageError(
+                    f"Harness.step takes an Action or an OpenAI-style message dict, got {type(action).__name__}"
+                    " (model text goes through ContextEnv.step, or ctxrl.env.actions.parse_tool_calls)"
+                )
             action = Action.from_message(action)
         action = action.gated()
         cfg, ctx = self.config, episode.context

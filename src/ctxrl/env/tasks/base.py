@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shlex
+import stat
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -581,7 +583,8 @@ def _write(root: Path, rel: str, text: str) -> Path:
 
     The harness runs this on the host, after the model had a shell in the workspace: any component of the
     path that the model replaced by a symlink (which could point anywhere on the host) or by a file of the
-    wrong kind is removed first, so the write lands inside the workspace.
+    wrong kind is removed first, so the write lands inside the workspace; the file itself is replaced unless
+    it is a plain file (a FIFO there would block the write for ever, a socket would fail it).
     """
     current = Path(root)
     parts = PurePosixPath(rel).parts
@@ -591,9 +594,21 @@ def _write(root: Path, rel: str, text: str) -> Path:
             _remove(current)
         current.mkdir(exist_ok=True)
     target = current / parts[-1]
-    if target.is_symlink() or target.is_dir():
+    try:
+        kind = os.lstat(target).st_mode
+    except FileNotFoundError:
+        kind = None
+    if kind is not None and not stat.S_ISREG(kind):
         _remove(target)
-    target.write_text(text, encoding="utf-8")
+    # no link followed, no blocking open: what is there now was checked or removed just above
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        fd = os.open(target, flags, 0o644)
+    except PermissionError:  # a plain file the model made unwritable (the harness not running as root)
+        _remove(target)
+        fd = os.open(target, flags | os.O_EXCL, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
     return target
 
 

@@ -40,6 +40,7 @@ FAMILY = "repo"
 
 _GRADER = """\
 import importlib.util, os, shutil, sys, tempfile, unittest
+finish, write = os._exit, os.write  # taken before any code under test runs (it may patch the os module)
 package, expected, files = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 root = tempfile.mkdtemp()
 keep = lambda d, names: [n for n in names if not (n.endswith(".py") or os.path.isdir(os.path.join(d, n)))]
@@ -54,8 +55,12 @@ for i, path in enumerate(files):
 result = unittest.TextTestRunner(stream=sys.stdout, verbosity=2).run(suite)
 clean = result.wasSuccessful() and result.testsRun == expected and not result.skipped
 clean = clean and not result.expectedFailures
-print(f"ctxrl-grade: {'PASS' if clean else 'FAIL'} ran={result.testsRun} of {expected}")
-sys.exit(0 if clean else 1)
+try:
+    sys.stdout.flush()
+except Exception:
+    pass
+write(1, f"\\nctxrl-grade: {'PASS' if clean else 'FAIL'} ran={result.testsRun} of {expected}\\n".encode())
+finish(0 if clean else 1)  # no exit hooks, no finalisers: nothing of the code under test runs after this line
 """
 
 
@@ -69,8 +74,10 @@ def grading_command(package: str, test_files: list[str], n_tests: int) -> str:
     module shadows the standard library, and no stale or planted ``.pyc`` is used); only the known test files,
     loaded by path (an added test file, ``conftest.py`` or ``tests/__init__.py`` never runs). Success needs
     exit 0 **and** the grader's own last line saying that all ``n_tests`` tests ran and passed with none
-    skipped: code under test that exits early (``os._exit(0)``) or raises ``SkipTest`` does not pass.
-    What this cannot stop is code under test that tampers with the running interpreter itself (patching
+    skipped: code under test that exits early (``os._exit(0)``) or raises ``SkipTest`` does not pass. The
+    grader writes that line to the file descriptor itself and leaves with ``os._exit``, both taken before the
+    package is imported, so an exit hook of the code under test (``atexit``, a finaliser) never runs to print
+    a line of its own after it. What this cannot stop is code under test that tampers with the running interpreter itself (patching
     ``unittest`` in memory) to fake the whole report.
     """
     names = [p.removeprefix("repo/") for p in test_files]
