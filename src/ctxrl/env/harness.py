@@ -100,7 +100,7 @@ class Action:
             arguments = fn.get("arguments") or {}
             if isinstance(arguments, str):
                 arguments = _json_object(arguments)
-            call_id = str(raw.get("id") or "")
+            call_id = str(raw.get("id") or "") if isinstance(raw, Mapping) else ""
             try:
                 call = ToolCall.make(call_id, str(fn.get("name") or ""), arguments)
             except (RecursionError, TypeError, ValueError):  # too deep, or not JSON-serialisable
