@@ -315,6 +315,24 @@ def test_the_workspace_has_a_disk_quota(backend: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_the_workspace_has_a_file_count_quota(backend: str, tmp_path: Path) -> None:
+    """Empty files take no bytes, so the disk quota never sees them; the free inodes do."""
+    box = Sandbox(tmp_path / "ws", SandboxConfig(backend=backend, timeout_s=60, max_files=2_000))
+    r = box.run("mkdir junk && cd junk && for i in $(seq 100000); do : > f$i; done; echo finished")
+    assert r.over_quota and "files and folders, over its quota of 2,000" in r.output, r.output[-300:]
+    assert "finished" not in r.output
+    made = sum(1 for _ in (box.workspace / "junk").iterdir())
+    assert 2_000 < made < 20_000  # stopped within a few polls of passing it
+    # cleaning up is allowed, and then the workspace works as before
+    r = box.run("rm -rf junk; echo clean")
+    assert (r.output, r.over_quota) == ("clean\n", False)
+    r = box.run("mkdir d && for i in $(seq 500); do : > d/f$i; done; echo ok")
+    assert (r.output, r.over_quota) == ("ok\n", False)
+    with pytest.raises(ValueError, match="max_files must be >= 100"):
+        SandboxConfig(max_files=10)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_tmp_is_size_limited(backend: str, tmp_path: Path) -> None:
     box = Sandbox(tmp_path / "ws", SandboxConfig(backend=backend, tmp_mb=32))
     r = box.run("head -c 100M /dev/zero > /tmp/x; stat -c %s /tmp/x")

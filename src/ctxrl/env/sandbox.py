@@ -14,7 +14,9 @@ Limits: wall time (the whole pid namespace is killed), output (read incrementall
 marker that says how many bytes), memory (``RLIMIT_AS`` per process, and a size-capped ``/tmp`` so memory cannot
 be parked there), process count (``RLIMIT_NPROC``) and workspace disk (``disk_mb``: no file may grow past it,
 ``RLIMIT_FSIZE``; and while a command runs, the host filesystem's free space is watched, so once the command
-has written more than the quota has room for, the workspace is measured and the command killed if it is over).
+has written more than the quota has room for, the workspace is measured and the command killed if it is over;
+``max_files`` the same way for the number of files and folders, through the filesystem's free inodes, since
+empty files take no bytes).
 A command that is not valid text (a null byte, a lone surrogate) or longer than one program argument may be
 (:data:`MAX_COMMAND_BYTES`) is refused with exit code 126; ``run`` raises
 for nothing the command holds or does. No process of a command is left behind, zombies included: bubblewrap's
@@ -122,6 +124,9 @@ class SandboxConfig:
     """Unprivileged host uid (and gid) commands run as when the harness runs as root; unused otherwise."""
     disk_mb: int = 1024
     """Workspace disk quota, MiB: the largest file, and the most the workspace may hold before a command is killed."""
+    max_files: int = 100_000
+    """Files, folders and links (inodes) the workspace may hold before a command is killed: empty files cost
+    no bytes, but a million of them cost the host's inodes and seconds of every later clean-up."""
     tmp_mb: int = 256
     """Size of the command's private ``/tmp`` (memory-backed, so it counts on top of ``memory_mb``), MiB."""
 
@@ -142,6 +147,8 @@ class SandboxConfig:
             raise ValueError(f"sandbox.sandbox_uid must be a non-root uid, not {self.sandbox_uid}")
         if self.disk_mb < 1:
             raise ValueError(f"sandbox.disk_mb must be >= 1, not {self.disk_mb}")
+        if self.max_files < 100:
+            raise ValueError(f"sandbox.max_files must be >= 100, not {self.max_files}")
         if self.tmp_mb < 1:
             raise ValueError(f"sandbox.tmp_mb must be >= 1, not {self.tmp_mb}")
 
@@ -173,7 +180,7 @@ class CommandResult:
     """Bytes of output cut by ``max_output_bytes``."""
     duration_s: float
     over_quota: bool = False
-    """The command was killed because the workspace passed ``disk_mb`` (its output says so)."""
+    """The command was killed because the workspace passed ``disk_mb`` or ``max_files`` (its output says so)."""
 
 
 def _join_cut(head: bytes, tail: bytes, cut: int) -> str:
@@ -274,6 +281,8 @@ class Sandbox:
         """The workspace root's mtime (ns) when it was last handed over; None: never."""
         self._usage = 0
         """The workspace's size in bytes when last measured (0 until a command writes much)."""
+        self._files = 0
+        """Its files, folders and links when last measured (0 until a command creates many)."""
 
     def _pick_backend(self) -> str:
         wanted = self.config.backend
@@ -352,10 +361,12 @@ class Sandbox:
                             _chown_tree(Path(entry.path), uid)
         self._handed_over_mtime = mtime
 
-    def _measure(self) -> int:
-        """Measure the workspace now (bytes); the figure becomes the usage the next command starts from."""
+    def _measure(self) -> tuple[int, int]:
+        """Measure the workspace now (bytes, inodes); the figures become the usage the next command starts
+        from."""
         self._usage = _disk_usage(self.workspace)
-        return self._usage
+        self._files = _disk_usage(self.workspace, inodes=True)
+        return self._usage, self._files
 
     # -- running -------------------------------------------------------------------------------------
 
@@ -417,7 +428,7 @@ class Sandbox:
         cap = _OutputCap(self.config.max_output_bytes)
         quota = _QuotaWatch(self)
         timed_out = False
-        over: int | None = None
+        over: tuple[int, int] | None = None
         with selectors.DefaultSelector() as sel:
             sel.register(proc.stdout, selectors.EVENT_READ)
             fd = proc.stdout.fileno()
@@ -463,17 +474,15 @@ class Sandbox:
         if over is not None:
             # Measure again now that every writer is dead: what it wrote between the measurement and the kill
             # is the usage the next command starts from (cleaning up must not look like growing).
-            over = max(over, self._measure())
+            now = self._measure()
+            over = (max(over[0], now[0]), max(over[1], now[1]))
         text, cut = cap.result()
         if self.backend == "unshare" and text.endswith(UNSHARE_SIGKILL_LINE):
             # util-linux < 2.40 reports a child killed by SIGKILL (ours, at a limit, or the command's own)
             # as this error and exit 1; it is the kill, not a failure to start: say 137, drop the line
             text, returncode = text[: -len(UNSHARE_SIGKILL_LINE)], -signal.SIGKILL
         if over is not None:
-            text += (
-                f"\n[sandbox] the workspace holds {over / 2**20:.0f} MiB, over its disk quota of "
-                f"{self.config.disk_mb} MiB: the command was stopped; delete files to go on.\n"
-            )
+            text += f"\n[sandbox] {self._over_quota_line(*over)}: the command was stopped; delete files to go on.\n"
         return CommandResult(
             command=command,
             exit_code=124 if timed_out else (128 - returncode if returncode < 0 else returncode),
@@ -483,6 +492,12 @@ class Sandbox:
             duration_s=time.perf_counter() - start,
             over_quota=over is not None,
         )
+
+    def _over_quota_line(self, usage: int, files: int) -> str:
+        cfg = self.config
+        if usage > cfg.disk_mb * 2**20:
+            return f"the workspace holds {usage / 2**20:.0f} MiB, over its disk quota of {cfg.disk_mb} MiB"
+        return f"the workspace holds {files:,} files and folders, over its quota of {cfg.max_files:,}"
 
     def _kill(self, proc: subprocess.Popen[bytes]) -> None:
         """End every process of the command, and wait until they are gone.
@@ -515,57 +530,63 @@ class Sandbox:
 
 
 class _QuotaWatch:
-    """Watches one command's disk writes through the free space of the workspace's filesystem.
+    """Watches one command's disk writes through the free space and free inodes of the workspace's
+    filesystem.
 
     A ``statvfs`` every :data:`_QUOTA_POLL_S` costs microseconds whatever the workspace holds; only when the
-    filesystem lost more than the quota has room for (other writers on the same disk count too, so this
-    over-estimates) is the workspace itself measured, at most every :data:`_MEASURE_EVERY_S`. The command is
-    over quota when the measured workspace is above ``disk_mb`` **and** above what it held when the command
-    started (as last measured): a workspace already over quota can still be cleaned up, never grown. A
-    command may overshoot by what it writes between two polls and the measurement (tens of ms of writing).
+    filesystem lost more bytes or inodes than the quotas have room for (other writers on the same disk count
+    too, so this over-estimates) is the workspace itself measured, at most every :data:`_MEASURE_EVERY_S`.
+    The command is over quota when the measured workspace is above ``disk_mb`` (or ``max_files``) **and**
+    above what it held when the command started (as last measured): a workspace already over quota can still
+    be cleaned up, never grown. A command may overshoot by what it writes between two polls and the
+    measurement (tens of ms of writing).
     """
 
     def __init__(self, box: Sandbox) -> None:
         self.box = box
-        self.quota = box.config.disk_mb * 1024 * 1024
-        self.start_usage = box._usage
-        self.room = max(0, self.quota - box._usage)
-        self.free0 = _free_bytes(box.workspace)
+        self.quota = (box.config.disk_mb * 1024 * 1024, box.config.max_files)
+        self.start = (box._usage, box._files)
+        self.room = (max(0, self.quota[0] - box._usage), max(0, self.quota[1] - box._files))
+        self.free0 = _free_space(box.workspace)
         self.next_poll = 0.0
         self.next_measure = 0.0
 
-    def check(self, *, final: bool = False) -> int | None:
-        """The workspace size if it was measured over quota now, else None."""
+    def check(self, *, final: bool = False) -> tuple[int, int] | None:
+        """The workspace's bytes and inodes if it was measured over quota now, else None."""
         now = time.perf_counter()
         if self.free0 is None or (now < self.next_poll and not final):
             return None
         self.next_poll = now + _QUOTA_POLL_S
-        free = _free_bytes(self.box.workspace)
-        if free is None or self.free0 - free <= self.room or (now < self.next_measure and not final):
+        free = _free_space(self.box.workspace)
+        if free is None or (now < self.next_measure and not final):
+            return None
+        if all(before - after <= room for before, after, room in zip(self.free0, free, self.room)):
             return None
         self.next_measure = now + _MEASURE_EVERY_S
         usage = self.box._measure()
-        if usage > self.quota and usage > self.start_usage:
+        if any(u > q and u > s for u, q, s in zip(usage, self.quota, self.start)):
             return usage
         # Re-base: what the measurement saw is the usage now; only later writes count against the room.
-        self.room = max(0, self.quota - usage)
+        self.room = (max(0, self.quota[0] - usage[0]), max(0, self.quota[1] - usage[1]))
         self.free0 = free
         return None
 
 
-def _free_bytes(path: Path) -> int | None:
+def _free_space(path: Path) -> tuple[int, int] | None:
+    """Free bytes and free inodes of ``path``'s filesystem (inodes as 0 where it does not count them)."""
     try:
         st = os.statvfs(path)
     except OSError:
         return None
-    return st.f_bavail * st.f_frsize
+    return st.f_bavail * st.f_frsize, st.f_favail if st.f_files else 0
 
 
-def _disk_usage(path: Path) -> int:
-    """Bytes of disk the tree at ``path`` uses (``du``: any depth, hard links once, this filesystem only)."""
+def _disk_usage(path: Path, *, inodes: bool = False) -> int:
+    """Bytes of disk the tree at ``path`` uses, or with ``inodes`` its files, folders and links (``du``: any
+    depth, hard links once, this filesystem only)."""
     try:
         done = subprocess.run(
-            ["du", "-s", "-x", "-B1", "--", str(path)],
+            ["du", "-s", "-x", "--inodes" if inodes else "-B1", "--", str(path)],
             stdin=subprocess.DEVNULL,
             capture_output=True,
             timeout=30,
