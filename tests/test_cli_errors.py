@@ -88,3 +88,57 @@ def test_bad_invocation_is_one_line(
 def test_at_least_fifteen_cases_across_every_subcommand() -> None:
     commands = {c[0][0] for c in CASES if c[0]}
     assert len(CASES) >= 15 and commands == {"tiny-model", "rollout", "eval", "bench", "quickstart"}
+
+
+def test_overwrite_empties_only_a_run_folder_and_never_what_the_run_reads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "NOTES.md").write_text("mine")
+    assert main(["rollout", "--out", str(notes), "--overwrite", SCRIPTED]) == 1
+    assert "is not a ctxrl run folder" in capsys.readouterr().err
+    assert (notes / "NOTES.md").read_text() == "mine"
+    # a run folder whose model the new run would read from inside it
+    run = tmp_path / "run"
+    (run / "model").mkdir(parents=True)
+    (run / "config.yaml").write_text("{}\n")
+    (run / "model" / "config.json").write_text("{}")
+    assert main(["rollout", "--out", str(run), "--overwrite", "--model", str(run / "model"), SCRIPTED]) == 1
+    err = capsys.readouterr().err
+    assert "--overwrite would delete" in err and "which this run reads" in err and err.count("\n") == 1, err
+    assert (run / "model" / "config.json").exists()
+    # a run folder on its own is replaced
+    (run / "model" / "config.json").unlink()
+    (run / "model").rmdir()
+    assert (
+        main(["rollout", "--out", str(run), "--overwrite", SCRIPTED, "tasks.count=1", "rollout.max_steps=1"])
+        == 0
+    )
+    assert (run / "config.yaml").read_text() != "{}\n"
+
+
+def test_train_resume_runs_the_stored_config_and_refuses_a_different_experiment(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ctxrl.commands import train as train_cmd
+    from ctxrl.commands.common import save_config
+    from ctxrl.commands.config import load_run_config
+
+    run = tmp_path / "run"
+    run.mkdir()
+    tiny = Path(__file__).parents[1] / "configs" / "train_tiny.yaml"
+    save_config(load_run_config(tiny, ["train.lr=0.0123", "train.steps=3"]), run)
+    seen = []
+    monkeypatch.setattr(train_cmd, "train_command", lambda config, out, **kw: seen.append((config, kw)))
+    # no --config: the stored one, not the defaults
+    assert main(["train", "--out", str(run), "--resume"]) == 0
+    assert seen[-1][0].train.lr == 0.0123 and seen[-1][1]["resume"]
+    # a longer run is the same experiment
+    assert main(["train", "--out", str(run), "--resume", "train.steps=9"]) == 0
+    assert (seen[-1][0].train.steps, seen[-1][0].train.lr) == (9, 0.0123)
+    # another learning rate is not
+    assert main(["train", "--out", str(run), "--resume", "train.lr=0.5"]) == 1
+    err = capsys.readouterr().err
+    assert "--resume: train.lr was 0.0123" in err and err.count("\n") == 1, err
+    assert len(seen) == 2

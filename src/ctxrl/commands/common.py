@@ -15,11 +15,11 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from ctxrl.commands.config import RunConfig, dump_run_config, load_run_config
+from ctxrl.commands.config import RunConfig, dump_run_config, load_run_config, to_dict
 from ctxrl.errors import ConfigError, UsageError
 
 SHORTCUTS = {"model": "model", "engine": "engine.name", "mode": "rollout.mode"}
@@ -42,20 +42,76 @@ def run_config(args: argparse.Namespace) -> RunConfig:
     return load_run_config(getattr(args, "config", None), cli_overrides(args))
 
 
-def prepare_out(out: Path, *, overwrite: bool = False) -> Path:
+def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict):
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            out.update(_flat(value, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): data}
+
+
+def resumed_run_config(args: argparse.Namespace, out: Path, resumable: Sequence[str]) -> RunConfig:
+    """The config a ``--resume`` of the run in ``out`` runs with: the stored ``config.yaml``; with a
+    ``--config`` or overrides given, the given config, which may differ from the stored one only in
+    ``resumable`` keys (``section.key``) — anything else would mix two experiments in one run."""
+    stored = load_run_config(out / "config.yaml")
+    overrides = cli_overrides(args)  # the shortcut flags (--model ...) count as overrides
+    if getattr(args, "config", None) is None and not overrides:
+        return stored
+    given = run_config(args)
+    if getattr(args, "config", None) is None:  # overrides alone apply to the stored config
+        given = load_run_config(out / "config.yaml", overrides)
+    old, new = _flat(to_dict(stored)), _flat(to_dict(given))
+    for key in sorted(set(old) | set(new)):
+        if old.get(key) != new.get(key) and key not in resumable:
+            raise UsageError(
+                f"--resume: {key} was {old.get(key)!r} in {out / 'config.yaml'}, now {new.get(key)!r}; "
+                f"a resumed run may change only {', '.join(resumable)}"
+            )
+    return given
+
+
+RUN_MARKERS = ("config.yaml", "summary.json", "logs.txt", "metrics.jsonl")
+"""Files one of ctxrl's commands leaves at the top of a run folder: ``--overwrite`` empties only such a folder."""
+
+
+def prepare_out(out: Path, *, overwrite: bool = False, inputs: Sequence[Path | str | None] = ()) -> Path:
     """Make ``out`` an empty run folder: refuse a file, and a non-empty folder unless ``overwrite`` (then it
-    is emptied). File-system errors come out as one line naming the folder."""
+    is emptied). ``overwrite`` never deletes what is not a run: a folder with none of :data:`RUN_MARKERS`
+    (a parent of runs, a folder of notes), or one holding any of ``inputs`` (files or folders the run will
+    read: demonstrations recorded into an earlier run there, a model). File-system errors come out as one
+    line naming the folder."""
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} exists and is not a folder")
     try:
         if out.is_dir() and any(out.iterdir()):
             if not overwrite:
                 raise UsageError(f"--out {out} is not empty; pass --overwrite to replace what is there")
+            _check_overwrite(out, inputs)
             shutil.rmtree(out)
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"cannot use {out} as the run folder: {exc.strerror or exc}") from None
     return out
+
+
+def _check_overwrite(out: Path, inputs: Sequence[Path | str | None]) -> None:
+    if not any((out / name).exists() for name in RUN_MARKERS):
+        raise UsageError(
+            f"--out {out} is not a ctxrl run folder (none of {', '.join(RUN_MARKERS)} in it), so --overwrite "
+            "will not delete it; pick a new --out or empty it yourself"
+        )
+    root = out.resolve()
+    for item in inputs:
+        if item is None or not Path(item).exists():
+            continue  # a registry name, or nothing given
+        path = Path(item).resolve()
+        if path == root or root in path.parents:
+            raise UsageError(
+                f"--overwrite would delete {item}, which this run reads, inside --out {out}; copy it "
+                "elsewhere first or pick a new --out"
+            )
 
 
 def check_writable_file(path: Path) -> Path:

@@ -100,7 +100,7 @@ def eval_command(
     if json_path is not None:
         check_writable_file(json_path)
     if out is not None:
-        out = prepare_out(out, overwrite=overwrite)
+        out = prepare_out(out, overwrite=overwrite, inputs=[config.model])
     seeds = split_seeds(ev.split, ev.episodes, ev.offset)
     tasks = [make_task(f, s, ev.difficulty, split=ev.split) for f in families for s in seeds]
     scripted = engine_spec(config.engine.name).needs_policy

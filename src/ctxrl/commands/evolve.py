@@ -37,13 +37,13 @@ from typing import Any
 
 from ctxrl.commands.common import (
     build_engine,
-    cli_overrides,
     prepare_out,
     resolve_model,
+    resumed_run_config,
     run_config,
     save_config,
 )
-from ctxrl.commands.config import RunConfig, load_run_config, to_dict
+from ctxrl.commands.config import RunConfig
 from ctxrl.errors import UsageError
 from ctxrl.train.engines import engine_spec
 
@@ -58,32 +58,10 @@ RESUMABLE_CHANGES = (
 two experiments in one lineage."""
 
 
-def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(data, dict):
-        out: dict[str, Any] = {}
-        for key, value in data.items():
-            out.update(_flat(value, f"{prefix}{key}."))
-        return out
-    return {prefix.rstrip("."): data}
-
-
 def resume_config(args: argparse.Namespace, out: Path) -> RunConfig:
-    """The config of a resumed run: the stored one, or the given one if it differs only in resumable keys."""
-    stored = load_run_config(out / "config.yaml")
-    overrides = cli_overrides(args)  # the shortcut flags (--model ...) count as overrides
-    if args.config is None and not overrides:
-        return stored
-    given = run_config(args)
-    if args.config is None:  # overrides alone apply to the stored config
-        given = load_run_config(out / "config.yaml", overrides)
-    old, new = _flat(to_dict(stored)), _flat(to_dict(given))
-    for key in sorted(set(old) | set(new)):
-        if old.get(key) != new.get(key) and key not in RESUMABLE_CHANGES:
-            raise UsageError(
-                f"--resume: {key} was {old.get(key)!r} in {out / 'config.yaml'}, now {new.get(key)!r}; "
-                f"a resumed run may change only {', '.join(RESUMABLE_CHANGES)}"
-            )
-    return given
+    """The config of a resumed run: the stored one, or the given one if it differs only in
+    :data:`RESUMABLE_CHANGES`."""
+    return resumed_run_config(args, out, RESUMABLE_CHANGES)
 
 
 def run_evolve(args: argparse.Namespace) -> int:

@@ -93,7 +93,7 @@ def rollout_command(config: RunConfig, out: Path, *, overwrite: bool = False) ->
     from ctxrl.train.rollout import rollout
     from ctxrl.train.trajectory import save_trajectories
 
-    out = prepare_out(out, overwrite=overwrite)
+    out = prepare_out(out, overwrite=overwrite, inputs=[config.model])
     tc = config.tasks
     tasks = list(BuiltinTaskSource(tc.families or None, tc.difficulty).tasks(tc.split, tc.count))
     save_config(config, out)

@@ -88,7 +88,7 @@ def sft_command(
     episodes = [ep for f in files for ep in load_demonstrations(f)]  # a bad file fails before out is touched
     if not files:
         check_recorder(config)
-    out = prepare_out(out, overwrite=overwrite)
+    out = prepare_out(out, overwrite=overwrite, inputs=[*files, config.model])
     save_config(config, out)
     base = base_model_dir(config, out)
     if not files:

@@ -2,7 +2,7 @@
 
     ctxrl train --config configs/train_tiny.yaml --out runs/train                 # the tiny model, on CPU
     ctxrl train --config configs/train_tiny.yaml train.steps=50 train.lr=1e-4 --out runs/t --overwrite
-    ctxrl train --config configs/train_tiny.yaml --out runs/train --resume        # continue a killed run
+    ctxrl train --out runs/train --resume        # continue a killed run, with the config.yaml stored in it
     accelerate launch --config_file configs/accelerate/ddp.yaml -m ctxrl.cli train ...   # several ranks
 
 Writes into ``--out``: ``config.yaml`` (the resolved run config), ``metrics.jsonl`` (one line per step, keys
@@ -19,15 +19,49 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ctxrl.commands.common import build_engine, prepare_out, resolve_model, run_config, save_config
+from ctxrl.commands.common import (
+    build_engine,
+    prepare_out,
+    resolve_model,
+    resumed_run_config,
+    run_config,
+    save_config,
+)
 from ctxrl.commands.config import RunConfig, to_dict
 from ctxrl.errors import UsageError
 from ctxrl.train.engines import engine_spec
 
+RESUMABLE_CHANGES = (
+    "model",
+    "train.steps",
+    "train.save_every",
+    "train.log_every",
+    "train.tracker",
+    "train.wandb_project",
+    "train.compile",
+    "train.packing",
+    "train.max_tokens_per_microbatch",
+    "train.recompute_prefixes",
+    "train.two_part_attention",
+    "engine.compile",
+    "engine.server_url",
+    "engine.server_port",
+    "engine.startup_timeout_s",
+    "engine.request_timeout_s",
+    "engine.retries",
+)
+"""Keys ``--resume`` may change: where the model folder is now (the checkpoint is checked against its shapes),
+how long the run goes, its bookkeeping, where its server is, and switches that change the speed of a step but
+not its result (the layout of the update is exact in every packing)."""
+
 
 def run_train(args: argparse.Namespace) -> int:
     """Entry point of ``ctxrl train`` (see the module docstring)."""
-    train_command(run_config(args), args.out, overwrite=args.overwrite, resume=args.resume)
+    if args.resume and (args.out / "config.yaml").is_file():
+        config = resumed_run_config(args, args.out, RESUMABLE_CHANGES)
+    else:
+        config = run_config(args)
+    train_command(config, args.out, overwrite=args.overwrite, resume=args.resume)
     return 0
 
 
@@ -52,7 +86,7 @@ def train_command(config: RunConfig, out: Path, *, overwrite: bool = False, resu
     acc = make_accelerator()
     if acc.is_main_process:
         if not resume:
-            prepare_out(out, overwrite=overwrite)
+            prepare_out(out, overwrite=overwrite, inputs=[config.model])
             save_config(config, out)
         resolve_model(config, out)  # builds the tiny model once, before the other ranks look for it
     acc.wait_for_everyone()

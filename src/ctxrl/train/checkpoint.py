@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import random
 import shutil
 from dataclasses import asdict
@@ -17,7 +18,9 @@ import torch
 
 from ctxrl.errors import UsageError
 from ctxrl.train.config import TrainConfig
-from ctxrl.train.run_folder import ADAPTER_WEIGHTS, CHECKPOINTS, LATEST
+from ctxrl.train.run_folder import ADAPTER_WEIGHTS, CHECKPOINTS, LATEST, latest_checkpoint
+
+EARLIER = f"write an earlier step's folder name into {CHECKPOINTS}/{LATEST} to resume from there"
 
 
 def seed_everything(seed: int) -> None:
@@ -112,14 +115,21 @@ def load_checkpoint(out: Path, policy: Any, optimizer: Any, rank: int) -> dict[s
     root = out / CHECKPOINTS
     if not (root / LATEST).exists():
         raise UsageError(f"nothing to resume: {root / LATEST} does not exist (start without resume)")
-    ckpt = root / (root / LATEST).read_text().strip()
+    ckpt = latest_checkpoint(out)
     if (ckpt / "trainable.pt").is_file():
-        trainable = torch.load(ckpt / "trainable.pt", weights_only=True)
+        trainable = _load(ckpt / "trainable.pt", weights_only=True)
         params = dict(policy.named_parameters())
         missing = [n for n in trainable if n not in params]
         if missing:
             raise UsageError(
                 f"{ckpt} does not match the model (no parameter {missing[0]}); same model and lora?"
+            )
+        shapes = [n for n, t in trainable.items() if tuple(t.shape) != tuple(params[n].shape)]
+        if shapes:
+            name = shapes[0]
+            raise UsageError(
+                f"{ckpt} does not match the model: {name} is {tuple(trainable[name].shape)} there, "
+                f"{tuple(params[name].shape)} here; same model and lora?"
             )
         with torch.no_grad():
             for name, tensor in trainable.items():
@@ -127,14 +137,29 @@ def load_checkpoint(out: Path, policy: Any, optimizer: Any, rank: int) -> dict[s
     else:  # a kept checkpoint (ctxrl.train.keep): the adapter alone, in bf16
         load_kept_adapter(policy, ckpt / "model")
     if (ckpt / "optimizer.pt").is_file():
-        optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=False))
+        optimizer.load_state_dict(_load(ckpt / "optimizer.pt", weights_only=False))
     elif rank == 0:
         print(f"resuming {ckpt} without optimizer.pt (a kept run): AdamW's moments start at zero", flush=True)
     rng = ckpt / f"rng-{rank}.pt"
     if rng.exists():
-        set_rng_state(torch.load(rng, weights_only=False))
-    state: dict[str, Any] = json.loads((ckpt / "state.json").read_text())
+        set_rng_state(_load(rng, weights_only=False))
+    try:
+        state: dict[str, Any] = json.loads((ckpt / "state.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"{ckpt / 'state.json'} cannot be read ({exc}); {EARLIER}") from None
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        raise UsageError(f"{ckpt / 'state.json'} holds no step number; {EARLIER}")
     return state
+
+
+def _load(path: Path, *, weights_only: bool) -> Any:
+    """``torch.load``, with a damaged file (a run killed while copying its folder, a disk error) a
+    UsageError naming it. A checkpoint written by this module is whole or absent: ``latest`` moves only
+    after every file of it is in place."""
+    try:
+        return torch.load(path, weights_only=weights_only)
+    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
+        raise UsageError(f"{path} cannot be read ({str(exc).splitlines()[0][:200]}); {EARLIER}") from None
 
 
 def load_kept_adapter(policy: Any, model_dir: Path) -> None:

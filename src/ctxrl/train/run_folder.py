@@ -42,11 +42,31 @@ def latest_checkpoint(run: Path) -> Path:
 
 
 def truncate_metrics(path: Path, done: int) -> None:
-    """Keep only the lines of steps ``<= done`` (the checkpoint a resumed run starts from)."""
+    """Keep only the lines of steps ``<= done`` (the checkpoint a resumed run starts from). A last line cut
+    short (the run was killed while writing it) is dropped: that step runs again. Any other line that is
+    not a step's JSON record is a UsageError naming the file and the line."""
     if not path.exists():
         return
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    kept = [line for line in lines if json.loads(line)["step"] <= done]
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: cannot read it as text ({exc})") from None
+    lines = [line for line in text.splitlines() if line.strip()]
+    kept = []
+    for n, line in enumerate(lines, start=1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if n == len(lines):
+                break
+            raise UsageError(
+                f"{path}: record {n} of {len(lines)} is not JSON; only the last may be cut short"
+            ) from None
+        step = record.get("step") if isinstance(record, dict) else None
+        if not isinstance(step, int | float):
+            raise UsageError(f"{path}: record {n} has no step number")
+        if step <= done:
+            kept.append(line)
     if len(kept) != len(lines):
         path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
 
