@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-from ctxrl.env.context import ChatTemplateCounter, ToolCall
+from ctxrl.env.context import ChatTemplateCounter, ToolCall, Turn
 from ctxrl.env.harness import Action, Harness, StepResult
 from ctxrl.env.receipts import ReceiptKind, gate_allows, judge_file_edit
 
@@ -125,6 +127,39 @@ def test_grew_and_rejected_fit(make_harness: Callable[..., Harness]) -> None:
         "context.md restored, context unchanged"
     )
     assert h.context.turns[: len(kept)] == kept  # not applied: only this step's turns were added
+
+
+def test_a_file_of_more_turns_than_fit_is_rejected_without_counting_each(
+    make_harness: Callable[..., Harness], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Thousands of one-line turns cannot fit whatever they hold: the receipt says so from a lower bound
+    (each turn at least its template's tokens), without rendering every turn through the chat template."""
+    h = make_harness(budget=4000, reserve=500, rollback_margin=300)
+    _warm(h)
+    kept = h.context.turns
+    counter = h.context.counter
+    rendered: list[int] = []
+    real = counter.count_turn
+
+    def counted(turn: Any) -> int:
+        rendered.append(1)
+        return real(turn)
+
+    monkeypatch.setattr(counter, "count_turn", counted)
+    many = 'awk \'BEGIN{for(i=0;i<3000;i++) printf "[[CTX_TURN %d role=%s]]\\nx%d\\n", 100+i, (i%2?"assistant":"user"), i}\' >> context.md'
+    r = h.step(shell(many))
+    text = _only_receipt(r)
+    match = re.fullmatch(
+        r"\[context\] rejected by rule fit: 564 → at least (\d+) tokens would pass the limit of 3500; "
+        r"context.md restored, context unchanged",
+        text,
+    )
+    assert match and int(match.group(1)) > 3500 and r.receipts[0].after == int(match.group(1)), text
+    assert len(rendered) < 100  # this step's own turns and the three empty ones, not 3,000
+    assert h.context.turns[: len(kept)] == kept
+    # the bound is one: the same turns counted one by one take more
+    turns = h.context.counted([Turn("user" if i % 2 == 0 else "assistant", f"x{i}") for i in range(3000)])
+    assert h.context.fewest_tokens(3000) <= h.context.tokens_of(turns)
 
 
 def test_rejected_shrink(make_harness: Callable[..., Harness]) -> None:

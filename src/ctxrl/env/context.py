@@ -282,6 +282,7 @@ class Context:
         self._clamp = calibration
         self._signal: str | None = None
         self._signal_tokens = 0
+        self._turn_floor: int | None = None
 
     @property
     def system_prompt(self) -> str:
@@ -343,6 +344,19 @@ class Context:
                 t if t.tokens == n else Turn(t.role, t.content, t.tool_calls, t.tool_call_id, t.name, n)
             )
         return out
+
+    def fewest_tokens(self, n_turns: int) -> int:
+        """A lower bound of :meth:`tokens_of` for any ``n_turns`` non-empty turns, without counting them: each
+        takes at least what its role's empty turn takes, less one token (its text may merge with the
+        template's newline before it). Lets a file of thousands of small turns be judged without rendering
+        each one."""
+        if self._turn_floor is None:
+            try:
+                empty = min(self.counter.count_turn(Turn(role, "")) for role in ("user", "assistant", "tool"))
+            except Exception:  # a template that cannot render an empty turn: no bound
+                empty = 1
+            self._turn_floor = max(0, empty - 1)
+        return self._calibrated(self.prefix_tokens + self._signal_tokens + n_turns * self._turn_floor)
 
     def tokens_of(self, turns: Sequence[Turn]) -> int:
         """Calibrated prompt tokens if the editable region were ``turns`` (already counted)."""

@@ -80,13 +80,15 @@ def judge_file_edit(
     context_changed: bool,
     exit_code: int,
     file_problem: str | None = None,
+    at_least: bool = False,
 ) -> Receipt | None:
     """Decide the receipt of one command; ``None`` if it neither changed nor targeted the file.
 
     ``file_changed``: the file's bytes differ from what the harness wrote (or it is gone);
     ``context_changed``: the parsed turns differ from the live ones, and ``after`` is then their token size;
-    ``file_problem``: why the file could not be read (e.g. "is missing"). The edit is to be applied iff the
-    returned receipt's ``applied`` is true.
+    ``file_problem``: why the file could not be read (e.g. "is missing"); ``at_least``: ``after`` is a lower
+    bound (the file's turns were too many to fit, and were not counted one by one). The edit is to be applied
+    iff the returned receipt's ``applied`` is true.
     """
     if not (file_changed or targeted or file_problem):
         return None
@@ -102,7 +104,9 @@ def judge_file_edit(
         )
     if not gate_allows(gate, before, after, limit):
         template = REJECTED_FIT if gate == "fit" else REJECTED_SHRINK
-        text = template.format(before=before, after=after, limit=limit, file=file)
+        text = template.format(
+            before=before, after=f"at least {after}" if at_least else after, limit=limit, file=file
+        )
         return Receipt(ReceiptKind.REJECTED, text, before, after)
     if after > before:
         text = APPLIED_GREW.format(before=before, after=after, delta=after - before)

@@ -43,7 +43,7 @@ from ctxrl.env.modes.common import (
 )
 from ctxrl.env.modes.pressure import PressureHooks, PressurePass
 from ctxrl.env.monitor import Flag, added_lines, scan
-from ctxrl.env.receipts import Receipt, judge_file_edit
+from ctxrl.env.receipts import Receipt, gate_allows, judge_file_edit
 from ctxrl.env.sandbox import remove_tree
 
 
@@ -193,11 +193,19 @@ def apply_file_edit(
     parsed: list[Turn] = []
     context_changed = False
     after: int | None = None
+    at_least = False
     if data is not None and file_changed:
         new_text = data.decode("utf-8", errors="replace")
-        parsed = ctx.counted(normalize_turns(genuine_calls_only(parse_context(data), ctx.turns)))
-        context_changed = tuple(parsed) != ctx.turns
-        after = ctx.tokens_of(parsed)
+        parsed = normalize_turns(genuine_calls_only(parse_context(data), ctx.turns))
+        context_changed = tuple(parsed) != ctx.turns  # turns compare without their token counts
+        floor = ctx.fewest_tokens(len(parsed))
+        if context_changed and not gate_allows(cfg.gate, ctx.tokens, floor, cfg.limit):
+            # too many turns to fit whatever they hold: rejected without rendering each one (seconds of
+            # harness time for a file of thousands of one-line turns)
+            after, at_least = floor, True
+        else:
+            parsed = ctx.counted(parsed)
+            after = ctx.tokens_of(parsed)
     receipt = judge_file_edit(
         gate=cfg.gate,
         file=cfg.context_file,
@@ -209,6 +217,7 @@ def apply_file_edit(
         context_changed=context_changed,
         exit_code=exit_code,
         file_problem=problem,
+        at_least=at_least,
     )
     if receipt is not None and receipt.applied:
         ctx.replace_turns(parsed)
