@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from ctxrl.cli import main
+from ctxrl.errors import ConfigError
 
 
 def _setup(tmp_path: Path) -> dict[str, str]:
@@ -16,6 +17,7 @@ def _setup(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "full" / "keep.txt").write_text("user data")
     (tmp_path / "bad.yaml").write_text("engine: [unclosed\n")
     (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    (tmp_path / "u16.yaml").write_text("tasks:\n  count: 1\n", encoding="utf-16")  # "Unicode" in some editors
     (tmp_path / "nomodel").mkdir()
     (tmp_path / "nomodel" / "tokenizer.json").write_text("{}")
     return {
@@ -24,6 +26,7 @@ def _setup(tmp_path: Path) -> dict[str, str]:
         "new": str(tmp_path / "new"),
         "bad_yaml": str(tmp_path / "bad.yaml"),
         "list_yaml": str(tmp_path / "list.yaml"),
+        "u16": str(tmp_path / "u16.yaml"),
         "nomodel": str(tmp_path / "nomodel"),
         "dir": str(tmp_path),
     }
@@ -35,6 +38,17 @@ CASES: list[tuple[list[str], int, str]] = [
     (["tiny-model", "--out", "/dev/null/x"], 1, "cannot write the tiny model to /dev/null/x"),
     (["tiny-model", "--out", "{full}"], 1, "not empty"),
     (["tiny-model", "--out", "{new}", "--seed", "abc"], 2, "invalid int value"),
+    (
+        ["tiny-model", "--out", "{new}", "--seed", "99999999999999999999"],
+        1,
+        "--seed must be an integer from 0",
+    ),
+    (
+        ["rollout", "--out", "{new}", "sampling.temperature=.nan"],
+        1,
+        "sampling.temperature must be a finite number",
+    ),
+    (["rollout", "--out", "{new}", "sampling.top_p=1e999"], 1, "must be a finite number, not '1e999'"),
     (["rollout", "--out", "{file}"], 1, "exists and is not a folder"),
     (["rollout", "--out", "{full}"], 1, "is not empty; pass --overwrite"),
     (["rollout", "--out", "{new}", "tasks.count=0"], 1, "count must be >= 1"),
@@ -45,6 +59,32 @@ CASES: list[tuple[list[str], int, str]] = [
     (["rollout", "--out", "{new}", "--config", "{dir}/missing.yaml"], 1, "cannot read config file"),
     (["rollout", "--out", "{new}", "--config", "{bad_yaml}"], 1, "is not valid YAML"),
     (["rollout", "--out", "{new}", "--config", "{list_yaml}"], 1, "must hold a mapping"),
+    (["rollout", "--out", "{new}", "--config", "{u16}"], 1, "u16.yaml is not UTF-8 text"),
+    (
+        ["rollout", "--out", "{new}", "engine.name=vllm-server", "engine.server_url=localhost:8000"],
+        1,
+        "must start with http://",
+    ),
+    (
+        ["rollout", "--out", "{new}", "engine.name=vllm-server", "engine.server_url=127.0.0.1:8000"],
+        1,
+        "e.g. http://127.0.0.1:8000",
+    ),
+    (
+        ["rollout", "--out", "{new}", "engine.name=vllm-server", "engine.server_url=http://[::1"],
+        1,
+        "is not a URL",
+    ),
+    (
+        ["rollout", "--out", "{new}", "engine.name=vllm-server", "engine.server_url=http://h:80/v1"],
+        1,
+        "without /v1",
+    ),
+    (
+        ["rollout", "--out", "{new}", "engine.name=vllm-server", "engine.server_url=http://h:port"],
+        1,
+        "is not a URL",
+    ),
     (["rollout", "--out", "{new}", "--model", "{nomodel}", "engine.name=hf"], 1, "has no config.json"),
     (["rollout", "--out", "{new}", SCRIPTED, "engine.policy=nomodule:fn"], 1, "cannot import it"),
     (["rollout", "--out", "{new}", "tasks.families=[chess]"], 1, "unknown family 'chess'"),
@@ -60,6 +100,8 @@ CASES: list[tuple[list[str], int, str]] = [
     (["bench", "harness", "--json", "{dir}"], 1, "is a folder; give a file name"),
     (["quickstart", "--out", "{file}"], 1, "exists and is not a folder"),
     (["quickstart", "--out", "{full}"], 1, "is not empty; pass --overwrite"),
+    (["quickstart", "--out", "{new}", "rollout.group_size=1"], 1, "group_size"),
+    (["quickstart", "--out", "{new}", "engine.name=scripted"], 1, "samples from the trained weights"),
     ([], 2, "the following arguments are required: COMMAND"),
 ]
 
@@ -142,3 +184,26 @@ def test_train_resume_runs_the_stored_config_and_refuses_a_different_experiment(
     err = capsys.readouterr().err
     assert "--resume: train.lr was 0.0123" in err and err.count("\n") == 1, err
     assert len(seen) == 2
+
+
+def test_a_folder_a_run_stopped_in_before_it_began_is_reused(tmp_path: Path) -> None:
+    """A start that failed (no such model, no server) leaves only ``config.yaml``: the corrected command runs
+    there without --overwrite."""
+    out = tmp_path / "run"
+    bad = ["rollout", "--out", str(out), "--model", str(tmp_path / "missing"), "engine.name=hf"]
+    assert main(bad) == 1
+    assert not out.exists() or [p.name for p in out.iterdir()] in ([], ["config.yaml"])
+    assert main(["rollout", "--out", str(out), SCRIPTED, "tasks.count=1", "rollout.max_steps=1"]) == 0
+    assert main(["report", str(out)]) == 0  # the rollout's own summary.json is not a comparison to refuse
+    assert (out / "report.html").is_file()
+
+
+def test_yaml_booleans_are_the_words_where_a_setting_takes_words(tmp_path: Path) -> None:
+    from ctxrl.commands.config import load_run_config
+
+    config = tmp_path / "c.yaml"
+    config.write_text("sft:\n  mixed_precision: no\n")  # YAML 1.1 reads an unquoted no as false
+    assert load_run_config(config).sft.mixed_precision == "no"
+    assert load_run_config(None, ["train.mixed_precision=no"]).train.mixed_precision == "no"
+    with pytest.raises(ConfigError, match="must be one of 'no', 'bf16', not True"):
+        load_run_config(None, ["train.mixed_precision=yes"])

@@ -110,7 +110,7 @@ def _add_quickstart(sub: argparse._SubParsersAction[Any]) -> None:
         "overrides",
         nargs="*",
         metavar="KEY=VALUE",
-        help="overrides of the rollout stage, e.g. engine.name=hf",
+        help="overrides of the training stage, e.g. engine.name=hf",
     )
     p.set_defaults(run="ctxrl.commands.quickstart:run_quickstart")
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -48,6 +49,10 @@ def load_config(
     return _build(cls, data, prefix="")
 
 
+_YAML_BOOL_WORDS = {True: ("yes", "on", "true", "y"), False: ("no", "off", "false", "n")}
+"""The words YAML 1.1 reads as a boolean (PyYAML's ``safe_load``), by the boolean they become."""
+
+
 def _read_source(source: Mapping[str, Any] | str | Path | None) -> dict[str, Any]:
     if source is None:
         return {}
@@ -58,6 +63,8 @@ def _read_source(source: Mapping[str, Any] | str | Path | None) -> dict[str, Any
         loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not UTF-8 text (save it as UTF-8)") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {_yaml_problem(exc)}") from None
     if loaded is None:
@@ -153,8 +160,13 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
             errors[0] if len(errors) == 1 else f"{path}: {value!r} matches none of {_type_name(tp)}"
         )
     if origin is typing.Literal:
-        if value in args:
+        if value in args and not (isinstance(value, bool) and not any(isinstance(a, bool) for a in args)):
             return value
+        if isinstance(value, bool):
+            # YAML 1.1 reads an unquoted no/yes/off/on as a boolean; give the word back where it is a choice
+            words = [a for a in args if isinstance(a, str) and a.lower() in _YAML_BOOL_WORDS[value]]
+            if len(words) == 1:
+                return words[0]
         raise ConfigError(f"{path} must be one of {', '.join(repr(a) for a in args)}, not {value!r}")
     if origin in (tuple, list):
         if not isinstance(value, list | tuple):
@@ -175,9 +187,14 @@ def _coerce_scalar(tp: Any, value: Any, path: str) -> Any:
     if tp is int and isinstance(value, int) and not isinstance(value, bool):
         return value
     if tp is float and isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value):  # YAML's .nan and .inf: every check after this would pass a NaN
+            raise ConfigError(f"{path} must be a finite number, not {value!r}")
         return float(value)
     if tp is float and isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
-        return float(value)  # YAML 1.1 (PyYAML) reads ``5e-4``, without a dot, as text
+        number = float(value)  # YAML 1.1 (PyYAML) reads ``5e-4``, without a dot, as text
+        if not math.isfinite(number):  # 1e999
+            raise ConfigError(f"{path} must be a finite number, not {value!r}")
+        return number
     if tp is str and isinstance(value, str):
         return value
     if tp is Path and isinstance(value, str | Path):

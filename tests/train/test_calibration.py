@@ -79,6 +79,14 @@ def test_wrong_folders_are_one_line_errors(tmp_path: Path, capsys: pytest.Captur
     bad.write_text("{not json")
     with pytest.raises(UsageError, match=r"eval\.json: not the eval\.json of `ctxrl eval --out`"):
         load_cells(tmp_path)
+    # JSON of the wrong shape inside: the same one error, not a TypeError from the parsing
+    for inner in ('{"summary": 5}', '{"summary": {"p": 5}}', '{"summary": {"p": {"retention": {}}}}'):
+        bad.write_text(inner)
+        with pytest.raises(UsageError, match=r"not the eval\.json of `ctxrl eval --out`"):
+            load_cells(tmp_path)
+    bad.write_text('{"summary": {"p": {"overall": {"episodes": 4}}}}')
+    with pytest.raises(UsageError, match=r"\(no 'success'\)"):
+        load_cells(tmp_path)
     assert main(["calibrate", str(tmp_path / "missing")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "missing is not a folder" in err[0]

@@ -487,3 +487,51 @@ def test_smol_loads_in_vllm_and_matches_transformers(
         for i, tok in enumerate(gen):
             assert logprobs[i, tok].item() >= logprobs[i].max().item() - 1e-3  # greedy = HF's argmax
             assert abs(logprobs[i, tok].item() - vllm_lp[i]) < 1e-3, (i, logprobs[i, tok].item(), vllm_lp[i])
+
+
+def test_weights_cut_short_or_left_as_a_pointer_are_named_before_any_load(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    from ctxrl.train.engines.model_dir import check_causal_lm_dir, safetensors_problem
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    weights = model / "model.safetensors"
+    assert safetensors_problem(weights) is None and check_causal_lm_dir(model) == model
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) - 1000])  # a copy or download cut short
+    assert (safetensors_problem(weights) or "").startswith(f"is cut short: {len(data) - 1000} bytes")
+    with pytest.raises(ModelLoadError, match=r"model\.safetensors is cut short"):
+        check_causal_lm_dir(model)
+    weights.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:abc\nsize 11700000\n")
+    assert "Git LFS pointer" in (safetensors_problem(weights) or "")
+    weights.write_bytes(b"\x00" * 4)
+    assert "too short" in (safetensors_problem(weights) or "")
+    weights.write_bytes(b"\xff" * 64)
+    assert "does not start with a safetensors header" in (safetensors_problem(weights) or "")
+    # through the command line: one line naming the file, before any episode
+    rc = main(["rollout", "--out", str(tmp_path / "r"), "--model", str(model), "engine.name=hf"])
+    err = capsys.readouterr().err
+    assert (
+        rc == 1
+        and "model.safetensors does not start with a safetensors header" in err
+        and err.count("\n") == 1
+    )
+
+
+def test_an_adapter_without_its_weights_is_named_before_the_merge(tmp_path: Path) -> None:
+    from ctxrl.publish.export import merge_adapter
+
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"base_model_name_or_path": "tiny"}')
+    with pytest.raises(
+        UsageError, match=r"holds no adapter weights \(adapter_model\.safetensors is missing\)"
+    ):
+        merge_adapter(adapter, tmp_path / "merged")
+    (adapter / "adapter_model.safetensors").write_text("version https://git-lfs.github.com/spec/v1\n")
+    with pytest.raises(UsageError, match="is a Git LFS pointer, not the weights"):
+        merge_adapter(adapter, tmp_path / "merged")
+    assert not (tmp_path / "merged").exists()

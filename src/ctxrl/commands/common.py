@@ -80,11 +80,14 @@ def prepare_out(out: Path, *, overwrite: bool = False, inputs: Sequence[Path | s
     """Make ``out`` an empty run folder: refuse a file, and a non-empty folder unless ``overwrite`` (then it
     is emptied). ``overwrite`` never deletes what is not a run: a folder with none of :data:`RUN_MARKERS`
     (a parent of runs, a folder of notes), or one holding any of ``inputs`` (files or folders the run will
-    read: demonstrations recorded into an earlier run there, a model). File-system errors come out as one
-    line naming the folder."""
+    read: demonstrations recorded into an earlier run there, a model). A folder holding only ``config.yaml``
+    is a run that stopped before it began, and is reused without ``overwrite``. File-system errors come out
+    as one line naming the folder."""
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} exists and is not a folder")
     try:
+        if out.is_dir() and {p.name for p in out.iterdir()} == {"config.yaml"}:
+            (out / "config.yaml").unlink()  # a run that stopped before it began (a bad model, no server)
         if out.is_dir() and any(out.iterdir()):
             if not overwrite:
                 raise UsageError(f"--out {out} is not empty; pass --overwrite to replace what is there")

@@ -38,7 +38,7 @@ from ctxrl.train.sft import SFTConfig
 def _check_names(kind: str, names: Sequence[str], valid: Sequence[str]) -> None:
     unknown = [n for n in names if n not in valid]
     if unknown:
-        raise ConfigError(f"unknown {kind} {unknown[0]!r}; {kind}s: {', '.join(valid)}")
+        raise ConfigError(f"unknown {kind} {unknown[0]!r}; known: {', '.join(valid)}")
 
 
 def _check_tasks(families: Sequence[str], split: str, difficulty: str) -> None:
@@ -95,7 +95,7 @@ class EvalConfig:
         try:
             split_seeds(self.split, self.episodes, self.offset)
         except TaskError as exc:
-            raise ConfigError(f"eval: {exc}") from None
+            raise ConfigError(str(exc)) from None  # the loader names the section
 
 
 @dataclass(frozen=True)

@@ -171,6 +171,8 @@ def _seed_skill(config: RunConfig) -> Any:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"evolve.seed_skill: cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"evolve.seed_skill: {path} is not UTF-8 text") from None
     if text.lstrip().startswith("---"):
         try:
             skill = parse_skill(text.lstrip())

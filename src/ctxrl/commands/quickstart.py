@@ -154,14 +154,15 @@ def run_quickstart(args: argparse.Namespace) -> int:
     from ctxrl.commands.eval import eval_command
     from ctxrl.commands.evolve import evolve_command
     from ctxrl.commands.sft import sft_command
-    from ctxrl.commands.train import train_command
+    from ctxrl.commands.train import check_train_config, train_command
     from ctxrl.publish.export import export_run
     from ctxrl.publish.report import write_report
     from ctxrl.train.eval_table import markdown
 
-    out: Path = prepare_out(args.out, overwrite=args.overwrite)
     train_overrides = [*TRAIN, *args.overrides]
     train_config = load_run_config(None, train_overrides)  # a bad override fails before any stage runs
+    check_train_config(train_config)  # so does one training cannot run with (a group of one, no weights)
+    out: Path = prepare_out(args.out, overwrite=args.overwrite)
     story = _Story(sys.stdout)
     # the stages' own summaries and the libraries' output go to the log; the terminal gets the story
     with (

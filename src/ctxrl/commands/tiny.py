@@ -12,6 +12,8 @@ def run_tiny_model(args: argparse.Namespace) -> int:
     """Entry point of ``ctxrl tiny-model``."""
     from ctxrl.train.tiny_model import build_tiny_model
 
+    if not 0 <= args.seed < 2**32:  # what torch and numpy take
+        raise UsageError(f"--seed must be an integer from 0 to {2**32 - 1}, not {args.seed}")
     t0 = time.perf_counter()
     try:
         out = build_tiny_model(args.out, seed=args.seed, force=args.force)

@@ -65,6 +65,19 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_train_config(config: RunConfig) -> None:
+    """The settings training cannot run with, as a one-line error before anything loads: a group of one,
+    more updates than episodes (:func:`ctxrl.train.grpo.check_setup`), an engine that does not sample from
+    the trained weights."""
+    from ctxrl.train.grpo import check_setup
+
+    check_setup(config.train, config.rollout, config.tasks.count)
+    if not engine_spec(config.engine.name).loads_weights(config.engine):
+        raise UsageError(
+            "training needs an engine that samples from the trained weights; set engine.name=vllm or hf"
+        )
+
+
 def train_command(config: RunConfig, out: Path, *, overwrite: bool = False, resume: bool = False) -> Any:
     """Train as ``config`` says into the run folder ``out``; returns the :class:`TrainResult`.
 
@@ -72,13 +85,9 @@ def train_command(config: RunConfig, out: Path, *, overwrite: bool = False, resu
     others wait; every rank then builds its own engine, seeded ``engine.seed + rank``.
     """
     from ctxrl.train.distributed import make_accelerator
-    from ctxrl.train.grpo import TaskBatches, check_setup, train
+    from ctxrl.train.grpo import TaskBatches, train
 
-    check_setup(config.train, config.rollout, config.tasks.count)
-    if not engine_spec(config.engine.name).loads_weights(config.engine):
-        raise UsageError(
-            "training needs an engine that samples from the trained weights; set engine.name=vllm or hf"
-        )
+    check_train_config(config)
     if resume and overwrite:
         raise UsageError("--resume continues the run in --out; --overwrite would erase it: pass one of them")
     if resume and not (out / "config.yaml").is_file():

@@ -55,7 +55,8 @@ from typing import Any
 import yaml
 
 from ctxrl.errors import ConfigError, CtxrlError, ModelLoadError, UsageError
-from ctxrl.train.run_folder import CHECKPOINTS, LATEST, upgrade_saved_config
+from ctxrl.train.engines.model_dir import safetensors_problem
+from ctxrl.train.run_folder import ADAPTER_WEIGHTS, CHECKPOINTS, LATEST, upgrade_saved_config
 
 ADAPTER_CONFIG = "adapter_config.json"
 EXPORT_META = "ctxrl_export.json"
@@ -431,6 +432,12 @@ def merge_adapter(adapter: Path, out: Path, *, base: str | Path | None = None) -
     adapter, out = Path(adapter), Path(out)
     if not (adapter / ADAPTER_CONFIG).is_file():
         raise UsageError(f"{adapter} holds no LoRA adapter ({ADAPTER_CONFIG} is missing)")
+    weights = adapter / ADAPTER_WEIGHTS
+    if not weights.is_file():
+        raise UsageError(f"{adapter} holds no adapter weights ({ADAPTER_WEIGHTS} is missing)")
+    problem = safetensors_problem(weights)
+    if problem:
+        raise UsageError(f"{weights} {problem}")
     _check_out(out)
     named = base if base is not None else _json(adapter / ADAPTER_CONFIG).get("base_model_name_or_path")
     base_dir = _base_model(adapter, [str(named) if named else None])

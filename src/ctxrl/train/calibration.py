@@ -56,19 +56,23 @@ def load_cells(folder: Path) -> tuple[list[str], dict[str, dict[str, Cell]]]:
         level, group = path.parent.parent.name, path.parent.name
         try:
             summary = json.loads(path.read_text(encoding="utf-8"))["summary"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise UsageError(f"{path}: not the eval.json of `ctxrl eval --out` ({exc})") from None
+            cells = {}
+            for label, families in summary.items():
+                s = families["overall"]
+                cost = s.get("cost_per_success")
+                cells[f"{group}/{label}"] = Cell(
+                    n=int(s["episodes"]),
+                    success=float(s["success"]),
+                    se=float(s["success_se"]),
+                    cost_per_success=None if cost is None else float(cost) / 1e9,
+                    edits=float(s["edits"]),
+                )
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            what = f"no {exc}" if isinstance(exc, KeyError) else str(exc)
+            raise UsageError(f"{path}: not the eval.json of `ctxrl eval --out` ({what})") from None
         found.add(level)
-        for label, families in summary.items():
-            s = families["overall"]
-            cost = s.get("cost_per_success")
-            rows.setdefault(f"{group}/{label}", {})[level] = Cell(
-                n=int(s["episodes"]),
-                success=float(s["success"]),
-                se=float(s["success_se"]),
-                cost_per_success=None if cost is None else float(cost) / 1e9,
-                edits=float(s["edits"]),
-            )
+        for row, cell in cells.items():
+            rows.setdefault(row, {})[level] = cell
     if not rows:
         raise UsageError(
             f"{folder} holds no <level>/<group>/eval.json cells; run scripts/calibrate_smollm2.sh"

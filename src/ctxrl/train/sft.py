@@ -423,8 +423,10 @@ def _load_model(folder: Path, config: SFTConfig) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from ctxrl.train.engines.model_dir import check_causal_lm_dir
+
     dtype = torch.float32 if config.dtype == "float32" else torch.bfloat16
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    return AutoModelForCausalLM.from_pretrained(check_causal_lm_dir(folder), dtype=dtype)
 
 
 def _peft_config(lora: LoraSettings) -> Any:

@@ -292,8 +292,10 @@ def load_candidates(path: str | Path) -> tuple[list[Candidate] | None, str | Non
 
 
 def load_comparison(path: Path) -> dict[str, Any] | None:
-    """``summary.json`` as ``ctxrl compare`` writes it, or None when there is none; a file of that name that
-    is not such a summary is a UsageError naming it."""
+    """``summary.json`` as ``ctxrl compare`` writes it, or None when there is none or the file is another
+    command's own summary (``ctxrl rollout`` and ``ctxrl sft`` write one into their run folders: it holds none
+    of the comparison's keys); a file that is neither (unreadable, or a comparison with keys missing) is a
+    UsageError naming it."""
     if not path.is_file():
         return None
     try:
@@ -301,6 +303,8 @@ def load_comparison(path: Path) -> dict[str, Any] | None:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UsageError(f"{path}: not a readable JSON summary ({exc})") from None
     needed = ("heldout_tasks", "sft_success", "grpo_success")
+    if isinstance(data, dict) and not any(k in data for k in needed):
+        return None
     if not isinstance(data, dict) or not all(is_number(data.get(k)) for k in needed):
         raise UsageError(f"{path}: not the summary of 'ctxrl compare' (it needs {', '.join(needed)})")
     return data

@@ -86,6 +86,29 @@ class EngineConfig:
             raise ConfigError("startup_timeout_s and request_timeout_s must be > 0 (seconds)")
         if self.retries < 0 or self.batch_size < 1:
             raise ConfigError("retries must be >= 0 and batch_size >= 1")
+        if self.server_url is not None:
+            check_server_url(self.server_url)
+
+
+def check_server_url(url: str) -> None:
+    """A :class:`ConfigError` unless ``url`` is the root of an HTTP server: ``http(s)://host[:port]``, no
+    ``/v1`` (the engine adds the OpenAI paths itself)."""
+    import urllib.parse
+
+    example = "e.g. http://127.0.0.1:8000"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 (a port that is not a number raises here)
+    except ValueError as exc:
+        raise ConfigError(f"engine.server_url {url!r} is not a URL ({exc}); {example}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(
+            f"engine.server_url must start with http:// or https:// and name a host; {example}, not {url!r}"
+        )
+    if parts.path.rstrip("/").endswith("/v1"):
+        raise ConfigError(
+            f"engine.server_url is the server's root, without /v1 (the engine adds it): {url!r}"
+        )
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,47 @@ def check_causal_lm_dir(model_dir: str | Path) -> Path:
         )
     if not any(any(path.glob(pattern)) for pattern in _WEIGHT_GLOBS):
         raise ModelLoadError(f"{path} has a config but no weight files (*.safetensors or pytorch_model*.bin)")
+    for weights in sorted(path.glob("*.safetensors")):
+        problem = safetensors_problem(weights)
+        if problem:
+            raise ModelLoadError(f"{weights} {problem}")
     if not has_tokenizer(path):
         raise ModelLoadError(f"{path} has no tokenizer files (tokenizer.json, tokenizer_config.json, ...)")
     return path
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why ``path`` is not a whole safetensors file (a Git LFS pointer, a download or copy cut short), from
+    its header alone; None when it looks whole. The format: an 8-byte little-endian header length, that much
+    JSON naming each tensor's ``data_offsets``, then the data, which must reach the largest offset."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as handle:
+            head = handle.read(64)
+            if head.startswith(b"version https://git-lfs"):
+                return "is a Git LFS pointer, not the weights: fetch them (git lfs pull)"
+            if len(head) < 8:
+                return f"is {size} bytes, too short for a safetensors file"
+            length = int.from_bytes(head[:8], "little")
+            if length > min(size - 8, 100 * 2**20):
+                return "does not start with a safetensors header (not such a file, or cut short)"
+            handle.seek(8)
+            header = json.loads(handle.read(length))
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return "does not start with a safetensors header (not such a file, or cut short)"
+    if not isinstance(header, dict):
+        return "does not start with a safetensors header"
+    ends = [
+        int(t["data_offsets"][1])
+        for name, t in header.items()
+        if name != "__metadata__"
+        and isinstance(t, dict)
+        and isinstance(t.get("data_offsets"), list)
+        and len(t["data_offsets"]) == 2
+        and isinstance(t["data_offsets"][1], int)
+    ]
+    if ends and 8 + length + max(ends) > size:
+        return f"is cut short: {size} bytes, its header needs {8 + length + max(ends)}"
+    return None
