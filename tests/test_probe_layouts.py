@@ -74,7 +74,9 @@ def test_attention_probe_checks_its_block_attention_and_times_it_beside_the_flas
 ) -> None:
     out = run_script("probe_attention.py", "--kernels", *flags, "32", "96", timeout=120).splitlines()
     error = float(out[0].rsplit(" ", 1)[1])
-    assert out[0].startswith("blocks against SDPA") and error < 1e-4  # the same attention and gradients
+    # The same attention and gradients: float32's summation order moves them by ~1e-5 of their largest value
+    # (4e-5 on one CI machine), a mistake in the backward (its delta term, its scale) by more than 1e-2.
+    assert out[0].startswith("blocks against SDPA") and error < 1e-3
     assert f"forward + backward, {dtype}," in out[1]
     timed = [line.split() for line in out[2:]]
     assert [(t[0], t[1]) for t in timed] == [
