@@ -49,6 +49,16 @@ CASES: list[tuple[list[str], int, str]] = [
         "sampling.temperature must be a finite number",
     ),
     (["rollout", "--out", "{new}", "sampling.top_p=1e999"], 1, "must be a finite number, not '1e999'"),
+    (
+        ["rollout", "--out", "{new}", "engine.seed=-1"],
+        1,
+        "engine.seed must be an integer from 0 to 2147483647",
+    ),
+    (
+        ["train", "--out", "{new}", "train.seed=18446744073709551616"],
+        1,
+        "train.seed must be an integer from 0",
+    ),
     (["rollout", "--out", "{file}"], 1, "exists and is not a folder"),
     (["rollout", "--out", "{full}"], 1, "is not empty; pass --overwrite"),
     (["rollout", "--out", "{new}", "tasks.count=0"], 1, "count must be >= 1"),
@@ -129,7 +139,7 @@ def test_bad_invocation_is_one_line(
 
 def test_at_least_fifteen_cases_across_every_subcommand() -> None:
     commands = {c[0][0] for c in CASES if c[0]}
-    assert len(CASES) >= 15 and commands == {"tiny-model", "rollout", "eval", "bench", "quickstart"}
+    assert len(CASES) >= 15 and commands == {"tiny-model", "rollout", "train", "eval", "bench", "quickstart"}
 
 
 def test_overwrite_empties_only_a_run_folder_and_never_what_the_run_reads(

@@ -49,6 +49,9 @@ def load_config(
     return _build(cls, data, prefix="")
 
 
+SEED_LIMIT = 2**31
+"""Every ``seed`` setting lies in ``[0, SEED_LIMIT)``."""
+
 _YAML_BOOL_WORDS = {True: ("yes", "on", "true", "y"), False: ("no", "off", "false", "n")}
 """The words YAML 1.1 reads as a boolean (PyYAML's ``safe_load``), by the boolean they become."""
 
@@ -185,6 +188,10 @@ def _coerce_scalar(tp: Any, value: Any, path: str) -> Any:
     if tp is bool and isinstance(value, bool):
         return value
     if tp is int and isinstance(value, int) and not isinstance(value, bool):
+        if path.rpartition(".")[2] == "seed" and not 0 <= value < SEED_LIMIT:
+            # NumPy (and so vLLM and accelerate) takes seeds below 2**32 and torch below 2**64; a run adds its
+            # rank or round to its seed, so the room above 2**31 stays free
+            raise ConfigError(f"{path} must be an integer from 0 to {SEED_LIMIT - 1}, not {value}")
         return value
     if tp is float and isinstance(value, int | float) and not isinstance(value, bool):
         if not math.isfinite(value):  # YAML's .nan and .inf: every check after this would pass a NaN
