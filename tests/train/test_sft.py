@@ -196,7 +196,7 @@ def test_compiled_sft_trains_as_eager_does(
         )
         runs[compiled] = train_sft(cfg, tiny_model_dir, examples, tmp_path / str(compiled), progress=False)
     assert is_compiled(runs[True].trained) and not is_compiled(runs[False].trained)
-    assert runs[True].loss_after == pytest.approx(runs[False].loss_after, abs=1e-5)
+    assert runs[True].loss_after == pytest.approx(runs[False].loss_after, rel=1e-5, abs=1e-5)
     assert runs[True].loss_after < runs[True].loss_before
     with pytest.raises(ConfigError, match=r"sft\.compile compiles the ctxrl trainer"):
         SFTConfig(trainer="trl", compile=True)
@@ -235,7 +235,7 @@ def test_two_part_attention_reaches_the_sft_update_and_changes_no_result(
         )
         runs[two_part] = train_sft(cfg, tiny_model_dir, examples, tmp_path / str(two_part), progress=False)
         assert bool(calls) == two_part
-    assert runs[True].loss_after == pytest.approx(runs[False].loss_after, abs=1e-5)
+    assert runs[True].loss_after == pytest.approx(runs[False].loss_after, rel=1e-5, abs=1e-5)
     assert runs[True].loss_after < runs[True].loss_before
     with pytest.raises(ConfigError, match=r"sft\.two_part_attention changes the ctxrl trainer"):
         SFTConfig(trainer="trl", two_part_attention=True)
@@ -454,8 +454,8 @@ def test_ctxrl_sft_update_is_the_plain_cross_entropy(records: SimpleNamespace, t
         loss = model(input_ids=ids, labels=labels).loss * (r.num_loss_tokens / n_loss)
         loss.backward()
         total += float(loss)
-    assert result.loss == pytest.approx(total, abs=1e-5)
-    assert result.stats.loss_sum / n_loss == pytest.approx(total, abs=1e-5)
+    assert result.loss == pytest.approx(total, rel=1e-5, abs=1e-5)
+    assert result.stats.loss_sum / n_loss == pytest.approx(total, rel=1e-5, abs=1e-5)
     for k, p in model.named_parameters():
         assert torch.allclose(ours[k], p.grad, atol=1e-5), k
     assert max(float(g.abs().max()) for g in ours.values()) > 1e-3

@@ -53,6 +53,8 @@ from ctxrl.train.policy import load_policy
 from ctxrl.train.rows import Microbatch, Row, episode_rows, layout_kind
 
 ATOL = 1e-5
+RTOL = 1e-4
+"""Gradients also within RTOL of each tensor's largest value (float32 sums in another order)."""
 LOSS = LossConfig(epsilon_low=0.2, epsilon_high=0.28, kl_coef=0.0, tis_cap=None)
 SHIFTS = (0.4, -0.4, 0.1, -0.1, 0.0)
 """Old logprob = current + shift: ratios exp(-shift) of 0.67 and 1.49 lie outside [0.8, 1.28], so both
@@ -170,8 +172,10 @@ def run_ctxrl(
 def assert_same_gradients(ours: dict[str, Any], theirs: dict[str, Any]) -> None:
     assert set(ours) == set(theirs)
     for name, grad in ours.items():
-        worst = float((grad - theirs[name]).abs().max())
-        assert worst <= ATOL, f"{name}: gradients differ by {worst:.2e}"
+        worst, largest = float((grad - theirs[name]).abs().max()), float(theirs[name].abs().max())
+        assert worst <= ATOL + RTOL * largest, (
+            f"{name}: gradients differ by {worst:.2e} (largest {largest:.2e})"
+        )
     # not vacuous: the gradients are far larger than the tolerance
     assert max(float(g.abs().max()) for g in ours.values()) > 1e-3
 

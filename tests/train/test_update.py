@@ -25,6 +25,9 @@ from ctxrl.train.update import (
 )
 
 ATOL = 1e-5
+RTOL = 1e-4
+"""Gradients also within RTOL of each tensor's largest value: float32 sums in another order (another layout, kernel or
+CPU) move them by ~1e-5 of it, a mistake (a lost token, a cross-row key) by 1e-2 and more."""
 LOSS = LossConfig(tis_cap=2.0)
 
 
@@ -96,8 +99,10 @@ def assert_same(ours: tuple[float, dict[str, Any]], theirs: tuple[float, dict[st
     assert abs(ours[0] - theirs[0]) <= ATOL
     assert set(ours[1]) == set(theirs[1]) and ours[1]
     for name, g in ours[1].items():
-        worst = float((g - theirs[1][name]).abs().max())
-        assert worst <= ATOL, f"{name}: gradients differ by {worst:.2e}"
+        worst, largest = float((g - theirs[1][name]).abs().max()), float(theirs[1][name].abs().max())
+        assert worst <= ATOL + RTOL * largest, (
+            f"{name}: gradients differ by {worst:.2e} (largest {largest:.2e})"
+        )
     # not vacuous: the gradients are far larger than the tolerance
     assert max(float(g.abs().max()) for g in ours[1].values()) > 1e-3
 
@@ -500,10 +505,7 @@ def test_compiled_layers_give_eagers_loss_and_gradients_in_every_layout(tiny_mod
             layout_backward(compiled, rows, kind, max_tokens),
             layout_backward(eager, rows, kind, max_tokens),
         )
-        assert abs(ours[0] - theirs[0]) <= 1e-5
-        assert set(ours[1]) == set(theirs[1])
-        for name, g in ours[1].items():
-            assert float((g - theirs[1][name]).abs().max()) <= 1e-5, name
+        assert_same(ours, theirs)
     assert _graphs() > 0  # the compiled model ran graphs, not eager fallbacks
     # parameter names are untouched: checkpoints and the engine's weight sync see the same state dict
     assert list(compiled.state_dict()) == list(eager.state_dict())
