@@ -149,7 +149,7 @@ class TrainConfig:
     (``ctxrl bench precision``); on a CPU without bf16 arithmetic it is slower. Needs ``dtype: float32``."""
 
     seed: int = 0
-    """Seeds Python, NumPy and torch (each rank adds its rank)."""
+    """Seeds Python, NumPy and torch (each rank adds its rank); 0 to 2**31 - 1, as every ``seed`` setting."""
     save_every: int = 10
     """Write a checkpoint every N steps (and after the last); 0 only after the last."""
     log_every: int = 1

@@ -120,7 +120,7 @@ class SFTConfig:
     third of an SFT step of SmolLM2-135M on a 2-core CPU (py-spy), where a small model is compute-bound, not
     memory-bound, so it is off unless asked for."""
     seed: int = 0
-    """Seeds the data order and the LoRA initialisation."""
+    """Seeds the data order and the LoRA initialisation; 0 to 2**31 - 1."""
     log_every: int = 10
     """Log loss, learning rate and token counts every N optimiser steps (and at the last)."""
 

@@ -51,7 +51,7 @@ class EngineConfig:
     ``vllm-server`` 4096 — the KV cache is sized for it on a CPU —, ``hf`` the model's positions, ``scripted``
     the tokenizer's maximum length)."""
     seed: int = 0
-    """Seeds the engine once (requests carry no seed, see :class:`SamplingConfig`)."""
+    """Seeds the engine once (requests carry no seed, see :class:`SamplingConfig`); 0 to 2**31 - 1."""
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
     """Weights' dtype of an engine that loads the model (``vllm``, ``hf``, a started ``vllm-server``); None:
     float32, except the in-process ``vllm`` engine on CUDA, which keeps the checkpoint's own dtype. On the
