@@ -1,5 +1,6 @@
 """Parity with TRL: on single-step episodes with no edits and ``w_eff = 0``, ctxrl's advantages, loss and
-gradients equal TRL ``GRPOTrainer``'s on the same batch within 1e-5.
+gradients equal TRL ``GRPOTrainer``'s on the same batch within 1e-5 (gradients also within 1e-4 of their
+largest value: :data:`RTOL`).
 
 Both sides start from the tiny model's weights and see the same batch (:func:`parity_batch`: 2 prompts x 4
 completions of different lengths, graded rewards). TRL runs its own path: a ``rollout_func`` hands it the
