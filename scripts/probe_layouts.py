@@ -3,12 +3,20 @@
     python scripts/probe_layouts.py [MODEL] [GROUP_SIZE] [DIFFICULTY] [LAYOUTS]
     python scripts/probe_layouts.py smollm2-135m-instruct 2 short padded,shared,padded,shared
     python scripts/probe_layouts.py --tokens runs/roll/trajectories.jsonl   # token counts of recorded episodes
+    python scripts/probe_layouts.py --flops runs/roll/trajectories.jsonl [MODEL]
     python scripts/probe_layouts.py --profile runs/roll/trajectories.jsonl [MODEL] [LAYOUTS]
     python scripts/probe_layouts.py --pairs N runs/roll/trajectories.jsonl [MODEL] [EPISODES]
 
 ``--tokens FILE``: no model, no timing: the rows of the episodes in a trajectories file (``ctxrl rollout``
 writes one), and the tokens each layout puts through the model — packed rows, the group's prefix once
 (one level), and the trie of nested prefixes (``share_prefixes``' default) — as ratios to packed.
+
+``--flops FILE [MODEL]``: no timing: the FLOPs of one update of the recorded episodes' rows in the shared
+layout (rows as ``--profile`` builds them; MODEL's geometry): the forward's matmuls (body and head) and its
+attention, with the suffixes attending through the dense mask and in two parts; the update as
+``rows.update_flops`` counts it (2 × matmuls + 3 × attention) and as the bench counted it before
+2026-12-07 16:00 (2 × the forward with the mask's pairs), and their ratio. The "update's FLOPs" paragraph of
+docs/train_throughput.md's "Seventeenth run" quotes it.
 
 ``--profile FILE``: one update of the recorded episodes' rows (rewards alternating, as ``ctxrl bench smollm2``
 sets them, so every row carries advantages) in each layout, timed after one untimed warm-up pass, under
@@ -47,7 +55,7 @@ from ctxrl.train.engines.scripted import text_policy
 from ctxrl.train.models import get_model
 from ctxrl.train.policy import load_policy
 from ctxrl.train.rollout import RolloutConfig, rollout
-from ctxrl.train.rows import build_layout, episode_rows, layout_flops
+from ctxrl.train.rows import build_layout, episode_rows, flop_parts, layout_flops, update_flops
 from ctxrl.train.update import backward_layout, layout_sizes
 
 
@@ -90,6 +98,27 @@ def _layout(kind: str) -> Any:
 
 def _prefix_nodes(units: Any) -> int:
     return sum(bool(u.prefix_len) + _prefix_nodes(u.children) for u in units)
+
+
+def update_flop_counts(path: str, name: str) -> None:
+    """The ``--flops`` mode (module docstring)."""
+    from ctxrl.train.trajectory import load_trajectories
+
+    rows = update_rows(load_trajectories(path))
+    model = load_policy(get_model(name), TrainConfig(lora=LoraSettings(enabled=True, dropout=0.0)))
+    sizes = layout_sizes(model)
+    assert sizes is not None
+    units = build_layout(rows, "shared", 4096, 0)
+    dense, masked = flop_parts(units, sizes, False)
+    _, two_part = flop_parts(units, sizes, True)
+    before = 2 * layout_flops(units, sizes) / 1e9
+    now = update_flops(units, sizes, two_part=True) / 1e9
+    print(f"{len(rows)} rows, {sum(u.num_tokens for u in units)} tokens laid out (shared)")
+    print(f"forward: matmuls {dense / 1e9:.1f} GFLOP, attention {masked / 1e9:.1f} with the mask, "
+          f"{two_part / 1e9:.1f} in two parts")  # fmt: skip
+    print(f"update: {now:.1f} GFLOP counted as computed (two parts), "
+          f"{update_flops(units, sizes) / 1e9:.1f} with the mask; 2 x forward with the mask {before:.1f}; "
+          f"ratio {now / before:.3f}")  # fmt: skip
 
 
 def profile_recorded(path: str, name: str, kinds: list[str]) -> None:
@@ -152,6 +181,9 @@ def paired_two_part(path: str, pairs: int, name: str, episodes: int | None) -> N
 def main(argv: list[str]) -> None:
     if argv[:1] == ["--tokens"]:
         token_counts(argv[1])
+        return
+    if argv[:1] == ["--flops"]:
+        update_flop_counts(argv[1], argv[2] if len(argv) > 2 else "smollm2-135m-instruct")
         return
     if argv[:1] == ["--pairs"]:
         name = argv[3] if len(argv) > 3 else "smollm2-135m-instruct"

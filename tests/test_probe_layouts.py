@@ -47,6 +47,26 @@ def test_probe_counts_and_profiles_the_layouts_of_recorded_episodes(
     assert counts[0].startswith("2 episodes in 1 groups")
     assert "trie" in counts[1]
 
+    flops = probe("--flops", str(trajectories), str(tiny_model_dir))
+    parts = re.fullmatch(
+        r"forward: matmuls ([\d.]+) GFLOP, attention ([\d.]+) with the mask, ([\d.]+) in two parts", flops[1]
+    )
+    update = re.fullmatch(
+        r"update: ([\d.]+) GFLOP counted as computed \(two parts\), ([\d.]+) with the mask; "
+        r"2 x forward with the mask ([\d.]+); ratio ([\d.]+)",
+        flops[2],
+    )
+    assert parts and update, flops
+    dense, masked, two_part = (float(x) for x in parts.groups())
+    now, now_masked, before, ratio = (float(x) for x in update.groups())
+    assert 0 < two_part < masked and dense > 0  # two parts skip each suffix's upper triangle
+    assert now == pytest.approx(
+        2 * dense + 3 * two_part, abs=0.3
+    )  # the backward: matmuls once, attention twice
+    assert now_masked == pytest.approx(2 * dense + 3 * masked, abs=0.3)
+    assert before == pytest.approx(2 * (dense + masked), abs=0.3)
+    assert ratio == pytest.approx(now / before, abs=2e-3)
+
     profiled = probe("--profile", str(trajectories), str(tiny_model_dir), "shared,padded,masked")
     timed = [line.split() for line in profiled if line.startswith(("shared ", "padded ", "masked "))]
     assert [t[0] for t in timed] == ["shared", "padded", "masked"]

@@ -611,7 +611,7 @@ def layout_flops(units: Sequence[LayoutUnit], sizes: LayoutSizes, *, two_part: b
     >>> layout_flops(plain_units(pad_rows([a, a], 8, 0)), sizes)  # 2*10*6 + 2*5*2*1 + 4*2*9/2
     176.0
     """
-    dense, attention = _flop_parts(units, sizes, two_part)
+    dense, attention = flop_parts(units, sizes, two_part)
     return dense + attention
 
 
@@ -627,11 +627,11 @@ def update_flops(units: Sequence[LayoutUnit], sizes: LayoutSizes, *, two_part: b
     >>> update_flops(plain_units(pad_rows([a, a], 8, 0)), sizes)  # 2*(2*10*6 + 2*5*2*1) + 3*4*2*9/2
     388.0
     """
-    dense, attention = _flop_parts(units, sizes, two_part)
+    dense, attention = flop_parts(units, sizes, two_part)
     return 2.0 * dense + 3.0 * attention
 
 
-def _flop_parts(units: Sequence[LayoutUnit], sizes: LayoutSizes, two_part: bool) -> tuple[float, float]:
+def flop_parts(units: Sequence[LayoutUnit], sizes: LayoutSizes, two_part: bool) -> tuple[float, float]:
     """:func:`layout_flops` in two parts: the matmuls of the body and the head, and the attention."""
     attn = 4.0 * sizes.n_layers * sizes.attn_width
     dense = attention = 0.0
@@ -641,7 +641,7 @@ def _flop_parts(units: Sequence[LayoutUnit], sizes: LayoutSizes, two_part: bool)
         # or in two parts (the ancestors' keys whole, its own causal)
         dense += 2.0 * sizes.body_params * p
         attention += attn * (p * p / 2 + p * before if before == 0 or two_part else p * (before + p))
-        d, a = _flop_parts(unit.children, sizes, two_part)
+        d, a = flop_parts(unit.children, sizes, two_part)
         dense, attention = dense + d, attention + a
         for mb in unit.batches:
             lines, width = mb.input_ids.shape
