@@ -193,13 +193,11 @@ def _coerce_scalar(tp: Any, value: Any, path: str) -> Any:
             # rank or round to its seed, so the room above 2**31 stays free
             raise ConfigError(f"{path} must be an integer from 0 to {SEED_LIMIT - 1}, not {value}")
         return value
-    if tp is float and isinstance(value, int | float) and not isinstance(value, bool):
-        if not math.isfinite(value):  # YAML's .nan and .inf: every check after this would pass a NaN
-            raise ConfigError(f"{path} must be a finite number, not {value!r}")
-        return float(value)
-    if tp is float and isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
-        number = float(value)  # YAML 1.1 (PyYAML) reads ``5e-4``, without a dot, as text
-        if not math.isfinite(number):  # 1e999
+    # YAML 1.1 (PyYAML) reads ``5e-4``, without a dot, as text
+    numeric = isinstance(value, int | float) or (isinstance(value, str) and _FLOAT.fullmatch(value.strip()))
+    if tp is float and numeric and not isinstance(value, bool):
+        number = float(value)
+        if not math.isfinite(number):  # YAML's .nan and .inf, 1e999: every check after this would pass a NaN
             raise ConfigError(f"{path} must be a finite number, not {value!r}")
         return number
     if tp is str and isinstance(value, str):
