@@ -55,7 +55,6 @@ from typing import Any
 import yaml
 
 from ctxrl.errors import ConfigError, CtxrlError, ModelLoadError, UsageError
-from ctxrl.train.engines.model_dir import safetensors_problem
 from ctxrl.train.run_folder import ADAPTER_WEIGHTS, CHECKPOINTS, LATEST, upgrade_saved_config
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -432,6 +431,8 @@ def merge_adapter(adapter: Path, out: Path, *, base: str | Path | None = None) -
     adapter, out = Path(adapter), Path(out)
     if not (adapter / ADAPTER_CONFIG).is_file():
         raise UsageError(f"{adapter} holds no LoRA adapter ({ADAPTER_CONFIG} is missing)")
+    from ctxrl.train.engines.model_dir import safetensors_problem  # here: the engines package loads ~0.3 s
+
     weights = adapter / ADAPTER_WEIGHTS
     if not weights.is_file():
         raise UsageError(f"{adapter} holds no adapter weights ({ADAPTER_WEIGHTS} is missing)")
