@@ -12,10 +12,10 @@ writes one), and the tokens each layout puts through the model — packed rows, 
 (one level), and the trie of nested prefixes (``share_prefixes``' default) — as ratios to packed.
 
 ``--flops FILE [MODEL]``: no timing: the FLOPs of one update of the recorded episodes' rows in the shared
-layout (rows as ``--profile`` builds them; MODEL's geometry): the forward's matmuls (body and head) and its
-attention, with the suffixes attending through the dense mask and in two parts; the update as
-``rows.update_flops`` counts it (2 × matmuls + 3 × attention) and as the bench counted it before
-2026-12-07 16:00 (2 × the forward with the mask's pairs), and their ratio. The "update's FLOPs" paragraph of
+layout (rows as ``--profile`` builds them; MODEL's geometry): the forward's matmuls (the body, and the LM head
+at loss positions) and its attention, with the suffixes attending through the dense mask and in two parts;
+the update as ``rows.update_flops`` counts it (2 × matmuls + 3 × attention) and as the bench counted it
+before 2026-12-07 16:00 (2 × the forward with the mask's pairs), and their ratio. The "update's FLOPs" paragraph of
 docs/train_throughput.md's "Seventeenth run" quotes it.
 
 ``--profile FILE``: one update of the recorded episodes' rows (rewards alternating, as ``ctxrl bench smollm2``
@@ -113,9 +113,11 @@ def update_flop_counts(path: str, name: str) -> None:
     _, two_part = flop_parts(units, sizes, True)
     before = 2 * layout_flops(units, sizes) / 1e9
     now = update_flops(units, sizes, two_part=True) / 1e9
-    print(f"{len(rows)} rows, {sum(u.num_tokens for u in units)} tokens laid out (shared)")
-    print(f"forward: matmuls {dense / 1e9:.1f} GFLOP, attention {masked / 1e9:.1f} with the mask, "
-          f"{two_part / 1e9:.1f} in two parts")  # fmt: skip
+    tokens = sum(u.num_tokens for u in units)
+    body = 2 * sizes.body_params * tokens  # every token laid out, padding included; the rest is the LM head
+    print(f"{len(rows)} rows, {tokens} tokens laid out (shared)")
+    print(f"forward: matmuls {dense / 1e9:.1f} GFLOP (body {body / 1e9:.1f}, LM head {(dense - body) / 1e9:.1f}), "
+          f"attention {masked / 1e9:.1f} with the mask, {two_part / 1e9:.1f} in two parts")  # fmt: skip
     print(f"update: {now:.1f} GFLOP counted as computed (two parts), "
           f"{update_flops(units, sizes) / 1e9:.1f} with the mask; 2 x forward with the mask {before:.1f}; "
           f"ratio {now / before:.3f}")  # fmt: skip

@@ -49,7 +49,9 @@ def test_probe_counts_and_profiles_the_layouts_of_recorded_episodes(
 
     flops = probe("--flops", str(trajectories), str(tiny_model_dir))
     parts = re.fullmatch(
-        r"forward: matmuls ([\d.]+) GFLOP, attention ([\d.]+) with the mask, ([\d.]+) in two parts", flops[1]
+        r"forward: matmuls ([\d.]+) GFLOP \(body ([\d.]+), LM head ([\d.]+)\), attention ([\d.]+) with the mask, "
+        r"([\d.]+) in two parts",
+        flops[1],
     )
     update = re.fullmatch(
         r"update: ([\d.]+) GFLOP counted as computed \(two parts\), ([\d.]+) with the mask; "
@@ -57,7 +59,8 @@ def test_probe_counts_and_profiles_the_layouts_of_recorded_episodes(
         flops[2],
     )
     assert parts and update, flops
-    dense, masked, two_part = (float(x) for x in parts.groups())
+    dense, body, head, masked, two_part = (float(x) for x in parts.groups())
+    assert body > 0 and head > 0 and body + head == pytest.approx(dense, abs=0.2)
     now, now_masked, before, ratio = (float(x) for x in update.groups())
     assert 0 < two_part < masked and dense > 0  # two parts skip each suffix's upper triangle
     assert now == pytest.approx(
